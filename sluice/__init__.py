@@ -1,0 +1,3 @@
+"""Sluice: a streaming inference operator (Kafka in -> micro-batches -> engine -> Kafka out)."""
+
+__version__ = "0.1.0"

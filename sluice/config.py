@@ -1,0 +1,309 @@
+"""The YAML pipeline file as typed, validated data.
+
+One call, :func:`load_pipeline`, reads a file, interpolates ``${VAR}`` / ``${VAR:default}`` from the
+environment, and validates the result into :class:`Pipeline`. Every problem becomes a
+:class:`ConfigError` whose lines name the YAML path, its line in the file, and what was expected -- never a
+traceback. Unknown keys are errors everywhere (a misspelt option must not be silently ignored).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from sluice.engines import registry
+
+
+class ConfigError(Exception):
+    """A pipeline file is not valid. ``str(err)`` is the message to show a user, one problem per line."""
+
+    def __init__(self, source: str, problems: list[str]) -> None:
+        self.source = source
+        self.problems = problems
+        super().__init__("\n".join(f"{source}: {p}" for p in problems))
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# --------------------------------------------------------------------------------------------- sections
+
+
+class KafkaSource(_Strict):
+    bootstrap_servers: str = Field(min_length=1)
+    topics: list[Annotated[str, Field(min_length=1)]] = Field(min_length=1)
+    group_id: str = Field(min_length=1)
+    auto_offset_reset: Literal["earliest", "latest"] = "earliest"
+    # librdkafka settings passed through unchanged (security, timeouts...). Values may come from ${ENV}.
+    config: dict[str, str | int | float | bool] = Field(default_factory=dict)
+
+
+class FileSource(_Strict):
+    path: str = Field(min_length=1)  # JSON lines; "-" reads standard input
+
+
+class Source(_Strict):
+    kafka: KafkaSource | None = None
+    file: FileSource | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> Source:
+        if (self.kafka is None) == (self.file is None):
+            raise ValueError("exactly one of 'kafka' or 'file' is expected")
+        return self
+
+
+class Codec(_Strict):
+    format: Literal["json", "raw"] = "json"
+    # Dotted path of the model input inside a JSON record (e.g. "review.text"). Ignored for raw records,
+    # whose whole value (UTF-8) is the input.
+    input_field: str = "text"
+
+
+class Batching(_Strict):
+    max_batch_size: int = Field(default=32, ge=1, le=100_000)
+    max_queue_delay_ms: float = Field(default=10.0, ge=0, le=600_000)
+    bucket_by: Literal["none", "tokens"] = "none"  # tokens: group records of similar length
+    max_batch_tokens: int | None = Field(default=None, ge=1)  # cap on batch size x padded length
+    # Width of a length bucket when bucket_by is tokens: records whose lengths round up to the same
+    # multiple of this share a batch.
+    bucket_width: int = Field(default=16, ge=1)
+
+
+class EngineSection(BaseModel):
+    """``engine: {type: NAME, ...options}``; the options are validated by the engine type's own model."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+    type: str
+
+    @field_validator("type")
+    @classmethod
+    def _known(cls, value: str) -> str:
+        if value not in registry.known_types():
+            raise ValueError(f"unknown engine type {value!r}; expected one of {registry.known_types()}")
+        return value
+
+    def raw_options(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+
+class KafkaSink(_Strict):
+    topic: str = Field(min_length=1)
+    bootstrap_servers: str | None = None  # defaults to the source's
+    config: dict[str, str | int | float | bool] = Field(default_factory=dict)
+
+
+class FileSink(_Strict):
+    path: str = Field(min_length=1)  # JSON lines; "-" writes standard output
+
+
+class Output(_Strict):
+    # merge: the input JSON object plus the result under `field`; result: {field: result} only.
+    mode: Literal["merge", "result"] = "merge"
+    field: str = Field(default="result", min_length=1)
+    # Key of the output record: "input" keeps the input key, "none" drops it, "field:a.b" takes it from
+    # the input record.
+    key: str = "input"
+
+    @field_validator("key")
+    @classmethod
+    def _key(cls, value: str) -> str:
+        if value in ("input", "none") or (value.startswith("field:") and len(value) > 6):
+            return value
+        raise ValueError("expected 'input', 'none' or 'field:<dotted.path>'")
+
+
+class Sink(_Strict):
+    kafka: KafkaSink | None = None
+    file: FileSink | None = None
+    output: Output = Field(default_factory=Output)
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> Sink:
+        if (self.kafka is None) == (self.file is None):
+            raise ValueError("exactly one of 'kafka' or 'file' is expected")
+        return self
+
+
+class DeadLetter(_Strict):
+    topic: str = Field(min_length=1)
+
+
+class Runtime(_Strict):
+    drain_timeout_s: float = Field(default=30.0, gt=0)  # SIGTERM: finish in-flight work within this
+    max_in_flight: int = Field(default=10_000, ge=1)  # records between poll and delivery report
+    commit_interval_ms: int = Field(default=1000, ge=10)  # how often stored offsets are committed
+
+
+class Pipeline(_Strict):
+    name: str = "pipeline"
+    source: Source
+    codec: Codec = Field(default_factory=Codec)
+    batching: Batching = Field(default_factory=Batching)
+    engine: EngineSection
+    sink: Sink
+    dead_letter: DeadLetter | None = None
+    delivery: Literal["at_least_once", "exactly_once"] = "at_least_once"
+    runtime: Runtime = Field(default_factory=Runtime)
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> Pipeline:
+        if self.batching.bucket_by == "tokens" and self.batching.max_batch_tokens is None:
+            pass  # allowed: bucket by length, cap by count only
+        if self.delivery == "exactly_once" and (self.source.kafka is None or self.sink.kafka is None):
+            raise ValueError("delivery 'exactly_once' needs a kafka source and a kafka sink")
+        return self
+
+
+@dataclass(frozen=True)
+class LoadedPipeline:
+    """A validated pipeline plus its validated engine options and where it came from."""
+
+    pipeline: Pipeline
+    engine_options: Any  # instance of the engine type's options model
+    base_dir: Path  # directory of the pipeline file; relative paths in it resolve against this
+
+
+# ------------------------------------------------------------------------------------------ loading
+
+_ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::([^}]*))?\}")
+_Path = tuple[str | int, ...]
+
+
+def load_pipeline(path: str | Path, environ: Mapping[str, str] | None = None) -> LoadedPipeline:
+    """Read, interpolate and validate a pipeline file. Raises ConfigError with user-facing messages."""
+    source = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as err:
+        raise ConfigError(source, [f"cannot read the file: {err.strerror or err}"]) from None
+    return parse_pipeline(text, source=source, environ=os.environ if environ is None else environ,
+                          base_dir=Path(path).resolve().parent)
+
+
+def parse_pipeline(text: str, *, source: str = "<pipeline>", environ: Mapping[str, str] | None = None,
+                   base_dir: Path | None = None) -> LoadedPipeline:
+    """Validate pipeline YAML text; see :func:`load_pipeline`."""
+    environ = os.environ if environ is None else environ
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise ConfigError(source, [f"{where}YAML syntax error: {problem}"]) from None
+    if data is None:
+        raise ConfigError(source, ["the file is empty; expected a mapping with 'source', 'engine' and 'sink'"])
+    if not isinstance(data, dict):
+        raise ConfigError(source, [f"the top level is a {_kind(data)}; expected a mapping of sections"])
+    lines = _line_index(node)
+
+    problems: list[str] = []
+    data = _interpolate(data, (), environ, problems, lines)
+    if problems:
+        raise ConfigError(source, problems)
+    try:
+        pipeline = Pipeline.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(source, _describe(err, (), lines)) from None
+
+    engine_type = registry.lookup(pipeline.engine.type)
+    try:
+        options = engine_type.options.model_validate(pipeline.engine.raw_options())
+    except ValidationError as err:
+        raise ConfigError(source, _describe(err, ("engine",), lines)) from None
+    return LoadedPipeline(pipeline=pipeline, engine_options=options, base_dir=base_dir or Path.cwd())
+
+
+def _interpolate(value: Any, path: _Path, environ: Mapping[str, str], problems: list[str],
+                 lines: dict[_Path, int]) -> Any:
+    if isinstance(value, dict):
+        return {k: _interpolate(v, (*path, str(k)), environ, problems, lines) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_interpolate(v, (*path, i), environ, problems, lines) for i, v in enumerate(value)]
+    if not isinstance(value, str) or "${" not in value:
+        return value
+
+    def substitute(match: re.Match[str]) -> str:
+        name, default = match.group(1), match.group(2)
+        if name in environ:
+            return environ[name]
+        if default is not None:
+            return default
+        problems.append(f"{_where(path, lines)}: environment variable {name} is not set "
+                        f"(set it, or give a default as ${{{name}:value}})")
+        return ""
+
+    return _ENV.sub(substitute, value)
+
+
+def _describe(err: ValidationError, prefix: _Path, lines: dict[_Path, int]) -> list[str]:
+    problems = []
+    for e in err.errors():
+        loc: _Path = (*prefix, *(p for p in e["loc"] if not (isinstance(p, str) and p.startswith("function-"))))
+        kind = e["type"]
+        if kind == "extra_forbidden":
+            msg = f"unknown key '{loc[-1]}'; check the spelling against the pipeline reference in the README"
+        elif kind == "missing":
+            msg = "is required but missing"
+        elif kind in ("int_parsing", "int_type", "int_from_float"):
+            msg = f"expected an integer, got {e['input']!r}"
+        elif kind in ("float_parsing", "float_type"):
+            msg = f"expected a number, got {e['input']!r}"
+        elif kind in ("string_type",):
+            msg = f"expected a string, got {_kind(e['input'])}"
+        elif kind in ("list_type",):
+            msg = f"expected a list, got {_kind(e['input'])}"
+        elif kind in ("model_type", "dict_type", "model_attributes_type"):
+            msg = f"expected a mapping, got {_kind(e['input'])}"
+        elif kind == "literal_error":
+            msg = f"expected one of {e['ctx']['expected']}, got {e['input']!r}"
+        else:
+            msg = e["msg"].removeprefix("Value error, ")
+            if "input" in e and not isinstance(e["input"], (dict, list)):
+                msg += f" (got {e['input']!r})"
+        problems.append(f"{_where(loc, lines)}: {msg}")
+    return problems
+
+
+def _where(loc: _Path, lines: dict[_Path, int]) -> str:
+    dotted = ".".join(f"[{p}]" if isinstance(p, int) else p for p in loc).replace(".[", "[") or "<top>"
+    probe = loc
+    while probe and probe not in lines:  # a missing key: report the line of its parent mapping
+        probe = probe[:-1]
+    line = lines.get(probe)
+    return f"{dotted} (line {line})" if line else dotted
+
+
+def _line_index(node: yaml.Node | None) -> dict[_Path, int]:
+    """Map each YAML path to the 1-based line where its value (or key) starts."""
+    out: dict[_Path, int] = {}
+
+    def walk(n: yaml.Node, path: _Path) -> None:
+        out[path] = n.start_mark.line + 1
+        if isinstance(n, yaml.MappingNode):
+            for key_node, value_node in n.value:
+                child = (*path, str(key_node.value))
+                walk(value_node, child)
+                out[child] = key_node.start_mark.line + 1
+        elif isinstance(n, yaml.SequenceNode):
+            for i, item in enumerate(n.value):
+                walk(item, (*path, i))
+
+    if node is not None:
+        walk(node, ())
+    return out
+
+
+def _kind(value: Any) -> str:
+    return {dict: "mapping", list: "list", str: "string", int: "integer", float: "number",
+            bool: "boolean", type(None): "nothing (null)"}.get(type(value), type(value).__name__)

@@ -1,0 +1,1 @@
+"""Engine layer: batch engines (ONNX, TensorRT, PyTorch, Python) and continuous engines (LLM)."""

@@ -1,0 +1,88 @@
+"""The engine contracts the operator runs against.
+
+Two kinds of engine share one operator:
+
+* :class:`BatchEngine` -- the batcher decides the batch; ``infer`` returns one result per input, in order.
+* Continuous engines (the LLM engine) take requests one by one and advance them step by step; their
+  contract lives beside them in ``sluice.engines.llm``.
+
+Lifecycle, as driven by the runner (``sluice.operator.runner``)::
+
+    engine = factory(options, context)   # cheap: no model loading, no device work
+    engine.start()                       # load the model, warm up; raises EngineStartError (one line)
+    items = engine.prepare(values)       # intake thread, per decoded record(s), before batching
+    results = engine.infer(items)        # engine thread, one batch at a time
+    engine.close()                       # once, after the last infer
+
+``prepare`` runs on the intake thread while ``infer`` of the previous batch runs on the engine thread, so
+per-record Python work (tokenising, say) overlaps inference instead of delaying it.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class EngineError(Exception):
+    """Base class of engine errors."""
+
+
+class EngineStartError(EngineError):
+    """The engine cannot start (missing model, wrong input names, missing provider...).
+
+    The message is one line a user can act on; the runner prints it and exits non-zero before consuming.
+    """
+
+
+class RecordError(EngineError):
+    """One input cannot be handled (too long, wrong type...). The record goes to the dead-letter topic.
+
+    Raised from ``prepare``; it never stops the pipeline.
+    """
+
+
+@dataclass(frozen=True, slots=True)
+class EngineContext:
+    """What the runner tells an engine about the pipeline it serves (plain data, no live objects)."""
+
+    max_batch_size: int  # the batcher never hands ``infer`` more items than this
+    max_batch_tokens: int | None = None  # cap on batch size x padded length, when length-aware batching is on
+    pipeline_dir: str = "."  # directory of the pipeline file; relative model paths resolve against it
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class BatchEngine(ABC):
+    """A model served batch by batch.
+
+    Guarantees the engine must give:
+
+    * ``infer(items)`` returns exactly ``len(items)`` results, result ``i`` for item ``i``.
+    * ``infer`` may raise; the runner then treats the whole batch as failed (and may bisect it).
+    * ``prepare`` is pure with respect to the batch: it never sees other records and may be called from a
+      different thread than ``infer`` (but never concurrently with itself).
+    """
+
+    def start(self) -> None:  # noqa: B027 - optional hook
+        """Load and warm up. Called once, before any ``prepare``/``infer``. May block for a long time."""
+
+    def prepare(self, values: Sequence[Any]) -> list[Any]:
+        """Turn decoded input values into engine items (e.g. tokenise). Default: unchanged.
+
+        Raise :class:`RecordError` only when called with a single value; the runner calls ``prepare`` one
+        record at a time when it needs to know which record failed.
+        """
+        return list(values)
+
+    def item_length(self, item: Any) -> int:
+        """Length of one prepared item in the unit of ``max_batch_tokens`` (tokens). Default 1."""
+        return 1
+
+    @abstractmethod
+    def infer(self, items: Sequence[Any]) -> list[Any]:
+        """Run one batch; return one JSON-serialisable result per item, in order."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release the model and device memory. Called once; no call follows."""
