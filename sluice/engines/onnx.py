@@ -1,0 +1,281 @@
+"""ONNX Runtime engine (``engine: {type: onnx}``): TensorRT / CUDA / CPU execution providers.
+
+Two tasks:
+
+* ``text-embedding`` (default): records are strings; ``prepare`` tokenises (``tokenizer.json`` next to the
+  model), ``infer`` pads the batch to its longest item, runs the model, mean-pools and normalises
+  (:mod:`sluice.engines.text_embedding`). ``item_length`` is the token count, for length-aware batching.
+* ``raw``: records are mappings; ``inputs`` maps each model input to a (dotted) field holding a numeric
+  array. Results are ``{output_name: array}``.
+
+The session is created and warmed up in ``start``; all start-up problems raise :class:`EngineStartError`
+with one line. Providers are tried in the given order; one that this onnxruntime build lacks, or that fails
+to initialise (no GPU), is skipped with a warning. On CUDA/TensorRT, outputs are bound with IO binding.
+onnxruntime is imported in ``start``, never at module import.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from sluice.engines.base import BatchEngine, EngineContext, EngineStartError, RecordError
+from sluice.engines.raw_task import RawTask
+from sluice.engines.registry import EngineType
+from sluice.engines.text_embedding import (
+    TextEmbeddingTask,
+    TokenizedText,
+    format_vectors,
+    l2_normalize,
+    mean_pool,
+    pad_batch,
+)
+
+log = logging.getLogger(__name__)
+
+PROVIDER_SHORT_NAMES = {
+    "tensorrt": "TensorrtExecutionProvider",
+    "cuda": "CUDAExecutionProvider",
+    "cpu": "CPUExecutionProvider",
+}
+_GPU_PROVIDERS = ("TensorrtExecutionProvider", "CUDAExecutionProvider")
+_EMBEDDING_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+_TOKEN_OUTPUTS = ("last_hidden_state", "token_embeddings")  # (batch, tokens, dim): pooled here
+_POOLED_OUTPUTS = ("sentence_embedding", "pooler_output_mean")  # (batch, dim): pooled in the graph
+_NUMPY_TYPES = {"tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(float)": np.float32,
+                "tensor(double)": np.float64, "tensor(float16)": np.float16, "tensor(bool)": np.bool_}
+
+
+class OnnxOptions(BaseModel):
+    """Everything under ``engine:`` for ``type: onnx``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: str = Field(min_length=1)  # a known model name, a .onnx file, or a directory with model.onnx
+    providers: list[str] = Field(default_factory=lambda: list(PROVIDER_SHORT_NAMES.values()), min_length=1)
+    intra_op_num_threads: int | None = Field(default=None, ge=0)  # None/0: onnxruntime's default
+    inter_op_num_threads: int | None = Field(default=None, ge=0)
+    task: Literal["text-embedding", "raw"] = "text-embedding"
+    inputs: dict[str, str] = Field(default_factory=dict)  # raw task: model input name -> record field
+    max_length: int = Field(default=256, ge=2, le=65_536)  # text-embedding: truncate to this many tokens
+    normalize: bool = True  # text-embedding: L2-normalise the pooled vectors
+    output_format: Literal["list", "base64"] = "list"  # base64: float32 little-endian bytes
+    warmup: bool = True
+
+    @field_validator("providers")
+    @classmethod
+    def _full_provider_names(cls, names: list[str]) -> list[str]:
+        full = []
+        for name in names:
+            if name.lower() in PROVIDER_SHORT_NAMES:
+                full.append(PROVIDER_SHORT_NAMES[name.lower()])
+            elif name.endswith("ExecutionProvider"):
+                full.append(name)  # checked against the installed onnxruntime in start()
+            else:
+                raise ValueError(f"unknown provider {name!r}; expected one of {sorted(PROVIDER_SHORT_NAMES)} "
+                                 "or a full onnxruntime name such as 'CUDAExecutionProvider'")
+        return full
+
+    @model_validator(mode="after")
+    def _inputs_match_task(self) -> OnnxOptions:
+        if self.task == "raw" and not self.inputs:
+            raise ValueError("task 'raw' needs 'inputs' (model input name -> record field)")
+        if self.task == "text-embedding" and self.inputs:
+            raise ValueError("'inputs' is only used with task 'raw'; text-embedding feeds the tokenised text")
+        return self
+
+
+class OnnxEngine(BatchEngine):
+    """A batch engine over one ``onnxruntime.InferenceSession``; see the module docstring."""
+
+    def __init__(self, options: OnnxOptions, context: EngineContext) -> None:
+        self.options = options
+        self.context = context
+        self._session: Any = None
+        self._embedding: TextEmbeddingTask | None = None
+        self._raw: RawTask | None = None
+        self._output_name = ""  # text-embedding: the output used
+        self._output_is_pooled = False
+        self._feed_types: dict[str, Any] = {}  # model input name -> numpy dtype
+        self._use_io_binding = False
+        self._io_device = "cuda"
+        self.providers_used: list[str] = []  # after start(): the providers the session really runs on
+
+    # ------------------------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        import onnxruntime as ort
+
+        model_file = self._model_file()
+        providers = self._available_providers(ort)
+        session_options = ort.SessionOptions()
+        session_options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        if self.options.intra_op_num_threads is not None:
+            session_options.intra_op_num_threads = self.options.intra_op_num_threads
+        if self.options.inter_op_num_threads is not None:
+            session_options.inter_op_num_threads = self.options.inter_op_num_threads
+        try:
+            session = ort.InferenceSession(str(model_file), sess_options=session_options, providers=providers)
+        except Exception as err:  # onnxruntime raises its own exception types for bad files
+            raise EngineStartError(f"cannot load ONNX model {model_file}: {_first_line(err)}") from None
+        self.providers_used = list(session.get_providers())
+        for name in providers:
+            if name not in self.providers_used:
+                log.warning("onnx engine: %s is in this onnxruntime build but failed to initialise "
+                            "(no usable GPU, or CUDA/cuDNN/TensorRT libraries missing); skipped", name)
+        self._session = session
+        self._use_io_binding = self.providers_used[0] in _GPU_PROVIDERS
+        self._feed_types = {i.name: _NUMPY_TYPES.get(i.type, np.float32) for i in session.get_inputs()}
+
+        if self.options.task == "text-embedding":
+            self._start_text_embedding(model_file)
+        else:
+            self._raw = RawTask(session.get_inputs(), self.options.inputs, self._feed_types,
+                                [o.name for o in session.get_outputs()])
+        if self.options.warmup:
+            self._warm_up()
+
+    def close(self) -> None:
+        self._session = None
+
+    # -------------------------------------------------------------------------------- per record
+
+    def prepare(self, values: Sequence[Any]) -> list[Any]:
+        if self._raw is not None:
+            return [self._raw.prepare(value) for value in values]
+        if self._embedding is None:
+            raise RuntimeError("OnnxEngine.prepare called before start()")
+        return self._embedding.tokenize([_as_text(value) for value in values])
+
+    def item_length(self, item: Any) -> int:
+        return item.num_tokens if isinstance(item, TokenizedText) else 1
+
+    def infer(self, items: Sequence[Any]) -> list[Any]:
+        if not items:
+            return []
+        if self._raw is not None:
+            return self._raw.infer(items, self._run, self.options.output_format)
+        return self._infer_embeddings(items)
+
+    # ------------------------------------------------------------------------------------ internals
+
+    def _infer_embeddings(self, items: Sequence[TokenizedText]) -> list[Any]:
+        assert self._embedding is not None  # set in start(); not user input
+        batch = pad_batch(items, self._embedding.pad_id)
+        columns = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask,
+                   "token_type_ids": batch.token_type_ids}
+        feeds = {name: columns[name].astype(dtype, copy=False) for name, dtype in self._feed_types.items()}
+        (output,) = self._run(feeds, [self._output_name])
+        vectors = output if self._output_is_pooled else mean_pool(output, batch.attention_mask)  # (batch, dim)
+        vectors = vectors.astype(np.float32, copy=False)
+        if self.options.normalize:
+            vectors = l2_normalize(vectors)
+        return format_vectors(vectors, self.options.output_format)
+
+    def _run(self, feeds: dict[str, np.ndarray], output_names: list[str]) -> list[np.ndarray]:
+        """One session run. On a GPU provider, inputs and outputs go through IO binding."""
+        if not self._use_io_binding:
+            return list(self._session.run(output_names, feeds))
+        binding = self._session.io_binding()
+        for name, array in feeds.items():
+            binding.bind_cpu_input(name, np.ascontiguousarray(array))
+        for name in output_names:
+            binding.bind_output(name, self._io_device)  # allocated on the device; no host round trip
+        self._session.run_with_iobinding(binding)
+        return list(binding.copy_outputs_to_cpu())
+
+    def _model_file(self) -> Path:
+        from sluice.models import ModelError, resolve_model
+
+        try:
+            path = resolve_model(self.options.model, base_dir=self.context.pipeline_dir)
+        except ModelError as err:
+            raise EngineStartError(str(err)) from None
+        if path.is_dir():
+            path = path / "model.onnx"
+            if not path.is_file():
+                raise EngineStartError(f"no model.onnx in {path.parent}; point 'model' at a .onnx file")
+        return path
+
+    def _available_providers(self, ort: Any) -> list[str]:
+        known = set(ort.get_all_providers())
+        built_in = set(ort.get_available_providers())
+        chosen = []
+        for name in self.options.providers:
+            if name not in known:
+                raise EngineStartError(f"unknown execution provider {name!r}; onnxruntime knows "
+                                       f"{', '.join(sorted(known))}")
+            if name in built_in:
+                chosen.append(name)
+            else:
+                log.warning("onnx engine: %s is not in this onnxruntime build (it has %s); skipped%s", name,
+                            ", ".join(sorted(built_in)),
+                            " -- install onnxruntime-gpu for GPU providers" if name in _GPU_PROVIDERS else "")
+        if not chosen:
+            raise EngineStartError(f"none of the providers {self.options.providers} is available in this "
+                                   f"onnxruntime build (it has {', '.join(sorted(built_in))})")
+        return chosen
+
+    def _start_text_embedding(self, model_file: Path) -> None:
+        inputs = list(self._feed_types)
+        unexpected = [name for name in inputs if name not in _EMBEDDING_INPUTS]
+        if unexpected or "input_ids" not in inputs:
+            raise EngineStartError(f"model {model_file.name} takes inputs {inputs}; the text-embedding task feeds "
+                                   f"{list(_EMBEDDING_INPUTS)} (use task: raw with 'inputs' for other models)")
+        outputs = {o.name: o for o in self._session.get_outputs()}
+        token_level = [n for n in _TOKEN_OUTPUTS if n in outputs]
+        pooled = [n for n in _POOLED_OUTPUTS if n in outputs]
+        if token_level:
+            self._output_name, self._output_is_pooled = token_level[0], False
+        elif pooled:
+            self._output_name, self._output_is_pooled = pooled[0], True
+        else:
+            raise EngineStartError(f"model {model_file.name} has outputs {list(outputs)}; the text-embedding task "
+                                   f"needs one of {list(_TOKEN_OUTPUTS + _POOLED_OUTPUTS)}")
+        tokenizer_path = model_file.parent / "tokenizer.json"
+        if not tokenizer_path.is_file():
+            raise EngineStartError(f"no tokenizer.json next to {model_file}; the text-embedding task needs it")
+        try:
+            self._embedding = TextEmbeddingTask(tokenizer_path, self.options.max_length)
+        except Exception as err:  # tokenizers raises plain Exceptions for unreadable files
+            raise EngineStartError(f"cannot load {tokenizer_path}: {_first_line(err)}") from None
+
+    def _warm_up(self) -> None:
+        """Run the model once at batch 1 and once at the largest batch, so the first records pay no setup."""
+        num_large = max(1, min(self.context.max_batch_size, 64))
+        try:
+            if self._embedding is not None:
+                for size in sorted({1, num_large}):
+                    self._infer_embeddings(self._embedding.tokenize(["warm-up run"] * size))
+            elif self._raw is not None:
+                self._raw.warm_up(self._run)
+        except Exception as err:
+            raise EngineStartError(f"warm-up run of the model failed: {_first_line(err)}") from None
+
+
+def _as_text(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bytes):
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError:
+            raise RecordError("the input is not valid UTF-8 text") from None
+    raise RecordError(f"text-embedding expects a string, got {type(value).__name__}")
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
+def _make(options: OnnxOptions, context: EngineContext) -> OnnxEngine:
+    return OnnxEngine(options, context)
+
+
+ENGINE_TYPE = EngineType(name="onnx", options=OnnxOptions, factory=_make)
