@@ -1,0 +1,105 @@
+"""KV-store and paged-attention kernels of the LLM engine, with dispatch by device.
+
+Two ops, three implementations behind one interface:
+
+* ``triton``: Triton kernels (:mod:`.triton_store_kv`, :mod:`.triton_paged_attention`), chosen for CUDA
+  tensors when ``triton`` imports;
+* ``torch``: vectorised torch (:mod:`.torch_ops`), chosen otherwise (the CPU hot path);
+* ``reference``: slow per-sequence loops (:mod:`.reference`), what the tests compare against.
+
+``SLUICE_KERNELS=triton|torch|reference`` forces a path (read on every call). ``triton`` on CPU tensors
+works only under the Triton interpreter (``TRITON_INTERPRET=1`` set before ``triton`` is imported).
+
+Cache layout for both ops: ``(num_blocks, block_size, num_kv_heads, head_dim)`` per layer, ``head_dim``
+contiguous. Allocate caches with ``torch.zeros``: the torch path needs every slot finite (see
+:mod:`.torch_ops`).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["KERNEL_PATHS", "kernel_path", "paged_attention", "store_kv"]
+
+KERNEL_PATHS = ("triton", "torch", "reference")
+_ENV = "SLUICE_KERNELS"
+
+
+@dataclass(frozen=True)
+class _Ops:
+    store_kv: Callable[..., None]
+    paged_attention: Callable[..., torch.Tensor]
+
+
+@functools.cache
+def _load(path: str) -> _Ops:
+    if path == "triton":
+        try:
+            store = importlib.import_module(f"{__name__}.triton_store_kv")
+            attn = importlib.import_module(f"{__name__}.triton_paged_attention")
+        except ImportError as exc:
+            raise RuntimeError(f"Triton kernels unavailable ({exc}); install sluice[triton]") from exc
+        return _Ops(store.store_kv, attn.paged_attention)
+    module = importlib.import_module(f"{__name__}.{'torch_ops' if path == 'torch' else 'reference'}")
+    return _Ops(module.store_kv, module.paged_attention)
+
+
+@functools.cache
+def _triton_importable() -> bool:
+    try:
+        importlib.import_module("triton")
+    except ImportError:
+        return False
+    return True
+
+
+def kernel_path(tensor: torch.Tensor) -> str:
+    """The path (one of ``KERNEL_PATHS``) that the ops take for tensors on ``tensor``'s device."""
+    forced = os.environ.get(_ENV, "").strip().lower()
+    if forced:
+        if forced not in KERNEL_PATHS:
+            raise ValueError(f"{_ENV}={forced!r} is not one of {', '.join(KERNEL_PATHS)}")
+        if forced == "triton" and not tensor.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
+            raise RuntimeError(
+                f"{_ENV}=triton needs CUDA tensors, or TRITON_INTERPRET=1 set before triton is imported"
+            )
+        return forced
+    return "triton" if tensor.is_cuda and _triton_importable() else "torch"
+
+
+def store_kv(
+    key: torch.Tensor,  # (num_tokens, num_kv_heads, head_dim)
+    value: torch.Tensor,  # (num_tokens, num_kv_heads, head_dim)
+    k_cache: torch.Tensor,  # (num_blocks, block_size, num_kv_heads, head_dim), written in place
+    v_cache: torch.Tensor,  # (num_blocks, block_size, num_kv_heads, head_dim), written in place
+    slot_mapping: torch.Tensor,  # (num_tokens,) int32/int64; slot = block_id * block_size + offset; < 0 = skip
+) -> None:
+    """Write each new token's key and value into its cache slot; tokens with a negative slot are skipped."""
+    _load(kernel_path(k_cache)).store_kv(key, value, k_cache, v_cache, slot_mapping)
+
+
+def paged_attention(
+    query: torch.Tensor,  # (num_tokens, num_heads, head_dim) new tokens of all sequences, concatenated
+    k_cache: torch.Tensor,  # (num_blocks, block_size, num_kv_heads, head_dim)
+    v_cache: torch.Tensor,  # (num_blocks, block_size, num_kv_heads, head_dim)
+    block_tables: torch.Tensor,  # (num_seqs, max_blocks_per_seq) int32, padded with 0
+    query_start_loc: torch.Tensor,  # (num_seqs + 1,) int32 cumulative query lengths
+    seq_lens: torch.Tensor,  # (num_seqs,) int32 KV length including the new tokens
+    scale: float,
+    out: torch.Tensor | None = None,  # (num_tokens, num_heads, head_dim)
+) -> torch.Tensor:
+    """Causal attention of every sequence's new tokens over its paged KV (prefill and decode mixed).
+
+    Row j of sequence s (``q_len = qsl[s+1] - qsl[s]`` rows) sits at position ``seq_lens[s] - q_len + j``
+    and attends to KV positions ``0..`` that position, whose K/V must already be in the cache (store_kv
+    first). Query head h reads KV head ``h // (num_heads // num_kv_heads)``. Returns ``out`` (allocated
+    when None) with the query's dtype; the softmax is accumulated in fp32.
+    """
+    ops = _load(kernel_path(query))
+    return ops.paged_attention(query, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale, out)
