@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from sluice.engines import registry
 
@@ -46,19 +46,8 @@ class KafkaSource(_Strict):
     config: dict[str, str | int | float | bool] = Field(default_factory=dict)
 
 
-class FileSource(_Strict):
-    path: str = Field(min_length=1)  # JSON lines; "-" reads standard input
-
-
 class Source(_Strict):
-    kafka: KafkaSource | None = None
-    file: FileSource | None = None
-
-    @model_validator(mode="after")
-    def _exactly_one(self) -> Source:
-        if (self.kafka is None) == (self.file is None):
-            raise ValueError("exactly one of 'kafka' or 'file' is expected")
-        return self
+    kafka: KafkaSource
 
 
 class Codec(_Strict):
@@ -101,10 +90,6 @@ class KafkaSink(_Strict):
     config: dict[str, str | int | float | bool] = Field(default_factory=dict)
 
 
-class FileSink(_Strict):
-    path: str = Field(min_length=1)  # JSON lines; "-" writes standard output
-
-
 class Output(_Strict):
     # merge: the input JSON object plus the result under `field`; result: {field: result} only.
     mode: Literal["merge", "result"] = "merge"
@@ -122,15 +107,8 @@ class Output(_Strict):
 
 
 class Sink(_Strict):
-    kafka: KafkaSink | None = None
-    file: FileSink | None = None
+    kafka: KafkaSink
     output: Output = Field(default_factory=Output)
-
-    @model_validator(mode="after")
-    def _exactly_one(self) -> Sink:
-        if (self.kafka is None) == (self.file is None):
-            raise ValueError("exactly one of 'kafka' or 'file' is expected")
-        return self
 
 
 class DeadLetter(_Strict):
@@ -151,16 +129,8 @@ class Pipeline(_Strict):
     engine: EngineSection
     sink: Sink
     dead_letter: DeadLetter | None = None
-    delivery: Literal["at_least_once", "exactly_once"] = "at_least_once"
+    delivery: Literal["at_least_once"] = "at_least_once"
     runtime: Runtime = Field(default_factory=Runtime)
-
-    @model_validator(mode="after")
-    def _cross_checks(self) -> Pipeline:
-        if self.batching.bucket_by == "tokens" and self.batching.max_batch_tokens is None:
-            pass  # allowed: bucket by length, cap by count only
-        if self.delivery == "exactly_once" and (self.source.kafka is None or self.sink.kafka is None):
-            raise ValueError("delivery 'exactly_once' needs a kafka source and a kafka sink")
-        return self
 
 
 @dataclass(frozen=True)

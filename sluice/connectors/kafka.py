@@ -1,0 +1,187 @@
+"""Kafka source and sink on confluent-kafka (librdkafka).
+
+Source: a cooperative-sticky consumer whose offsets are *stored* only by the operator, from the offset
+tracker's watermark, and committed by librdkafka's auto-commit (or synchronously on revoke and shutdown).
+Sink: an idempotent producer with ``acks=all``; every produce carries a delivery callback, which the
+operator turns into an offset-tracker acknowledgement.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable
+from typing import Any, cast
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer
+from confluent_kafka import TopicPartition as KafkaTopicPartition
+
+from sluice.config import KafkaSink as KafkaSinkConfig
+from sluice.config import KafkaSource as KafkaSourceConfig
+from sluice.operator.record import InputRecord, OutputRecord, TopicPartition
+
+log = logging.getLogger(__name__)
+
+PartitionsCallback = Callable[[list[TopicPartition]], None]
+
+
+class KafkaSource:
+    """Consumes the pipeline's topics. All methods are called from the operator's main thread."""
+
+    def __init__(self, cfg: KafkaSourceConfig, commit_interval_ms: int, clock: Callable[[], float] = time.monotonic) -> None:
+        self.cfg = cfg
+        self._clock = clock
+        conf: dict[str, Any] = {
+            "bootstrap.servers": cfg.bootstrap_servers,
+            "group.id": cfg.group_id,
+            # Incremental rebalances: partitions that stay with this process keep flowing during one.
+            "partition.assignment.strategy": "cooperative-sticky",
+            # The operator stores an offset only once every output of that record and of all earlier
+            # records of the partition is acknowledged; librdkafka then commits what was stored.
+            "enable.auto.offset.store": False,
+            "enable.auto.commit": True,
+            "auto.commit.interval.ms": commit_interval_ms,
+            "auto.offset.reset": cfg.auto_offset_reset,
+            "enable.partition.eof": False,
+            "logger": logging.getLogger("sluice.librdkafka.consumer"),
+        }
+        conf.update(cfg.config)
+        self._consumer = Consumer(conf)
+        self._paused: set[TopicPartition] = set()
+        self.assignment: set[TopicPartition] = set()
+
+    def subscribe(self, on_assign: PartitionsCallback, on_revoke: PartitionsCallback,
+                  on_lost: PartitionsCallback) -> None:
+        def assigned(_: Consumer, parts: list[KafkaTopicPartition]) -> None:
+            tps = [TopicPartition(p.topic, p.partition) for p in parts]
+            self.assignment.update(tps)
+            on_assign(tps)
+
+        def revoked(_: Consumer, parts: list[KafkaTopicPartition]) -> None:
+            tps = [TopicPartition(p.topic, p.partition) for p in parts]
+            on_revoke(tps)
+            self.assignment.difference_update(tps)
+            self._paused.difference_update(tps)
+
+        def lost(_: Consumer, parts: list[KafkaTopicPartition]) -> None:
+            tps = [TopicPartition(p.topic, p.partition) for p in parts]
+            on_lost(tps)
+            self.assignment.difference_update(tps)
+            self._paused.difference_update(tps)
+
+        self._consumer.subscribe(list(self.cfg.topics), on_assign=assigned, on_revoke=revoked, on_lost=lost)
+
+    def poll(self, max_records: int, timeout_s: float) -> list[InputRecord]:
+        """Up to ``max_records`` records; waits up to ``timeout_s`` only when none is ready."""
+        messages = self._consumer.consume(num_messages=max_records, timeout=0)
+        if not messages and timeout_s > 0:
+            one = self._consumer.poll(timeout_s)
+            messages = [one] if one is not None else []
+        now = self._clock()
+        records = []
+        for m in messages:
+            err = m.error()
+            if err is not None:
+                self._on_error(err)
+                continue
+            records.append(_to_record(m, now))
+        return records
+
+    def store(self, watermarks: dict[TopicPartition, int]) -> None:
+        """Store offsets (committed by the next auto-commit or :meth:`commit`)."""
+        offsets = [KafkaTopicPartition(tp.topic, tp.partition, off) for tp, off in watermarks.items()
+                   if tp in self.assignment]
+        if offsets:
+            try:
+                self._consumer.store_offsets(offsets=offsets)
+            except KafkaException as err:  # e.g. the partition was revoked a moment ago
+                log.debug("store_offsets failed: %s", err)
+
+    def commit(self, watermarks: dict[TopicPartition, int]) -> None:
+        """Commit ``watermarks`` synchronously (revoke, shutdown)."""
+        offsets = [KafkaTopicPartition(tp.topic, tp.partition, off) for tp, off in watermarks.items()]
+        if not offsets:
+            return
+        try:
+            self._consumer.commit(offsets=offsets, asynchronous=False)
+        except KafkaException as err:
+            if err.args[0].code() != KafkaError._NO_OFFSET:
+                log.warning("offset commit failed: %s", err.args[0].str())
+
+    def pause(self, tps: Iterable[TopicPartition]) -> None:
+        tps = [tp for tp in tps if tp not in self._paused and tp in self.assignment]
+        if tps:
+            self._consumer.pause([KafkaTopicPartition(tp.topic, tp.partition) for tp in tps])
+            self._paused.update(tps)
+
+    def resume_all(self) -> None:
+        if self._paused:
+            self._consumer.resume([KafkaTopicPartition(tp.topic, tp.partition) for tp in self._paused])
+            self._paused.clear()
+
+    @property
+    def paused(self) -> bool:
+        return bool(self._paused)
+
+    def close(self) -> None:
+        self._consumer.close()
+
+    def _on_error(self, err: KafkaError) -> None:
+        if err.fatal():
+            raise KafkaException(err)
+        # Transient: broker down, leader moving... librdkafka retries by itself.
+        log.warning("kafka consumer: %s", err.str())
+
+
+def _to_record(m: Message, now: float) -> InputRecord:
+    ts_type, ts = m.timestamp()
+    headers = cast("list[tuple[str, bytes]]", m.headers() or [])
+    return InputRecord(value=m.value(), key=m.key(), headers=headers,
+                       tp=TopicPartition(cast(str, m.topic()), cast(int, m.partition())),
+                       offset=cast(int, m.offset()), timestamp_ms=ts if ts_type else None, received_s=now)
+
+
+DeliveryCallback = Callable[[KafkaError | None, Message], None]
+
+
+class KafkaSink:
+    """Produces output and dead-letter records. ``produce`` may be called from any thread."""
+
+    def __init__(self, bootstrap_servers: str, cfg: KafkaSinkConfig | None = None) -> None:
+        conf: dict[str, Any] = {
+            "bootstrap.servers": bootstrap_servers,
+            # No duplicates or reordering from the producer's own retries, and a write counts only once
+            # every in-sync replica has it: the output side of at-least-once.
+            "enable.idempotence": True,
+            "acks": "all",
+            # A few ms of lingering turns per-record produce calls into broker-sized batches.
+            "linger.ms": 5,
+            "queue.buffering.max.messages": 500_000,
+            "logger": logging.getLogger("sluice.librdkafka.producer"),
+        }
+        if cfg is not None:
+            conf.update(cfg.config)
+        self._producer = Producer(conf)
+
+    def produce(self, record: OutputRecord, on_delivery: DeliveryCallback) -> None:
+        while True:
+            try:
+                self._producer.produce(record.topic, value=record.value, key=record.key,
+                                       headers=cast(Any, record.headers) or None, on_delivery=on_delivery)
+                return
+            except BufferError:
+                # Local queue full: serve delivery reports until there is room (this is backpressure).
+                self._producer.poll(0.05)
+
+    def poll(self, timeout_s: float = 0) -> int:
+        """Serve delivery callbacks; returns how many were served."""
+        served: int = self._producer.poll(timeout_s)
+        return served
+
+    def flush(self, timeout_s: float) -> int:
+        """Wait for outstanding deliveries; returns how many are still outstanding."""
+        left: int = self._producer.flush(timeout_s)
+        return left
+
+    def __len__(self) -> int:
+        return len(self._producer)

@@ -1,0 +1,49 @@
+"""Builds a runnable operator from a validated pipeline: the one place that wires the parts together."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sluice.config import LoadedPipeline
+from sluice.engines import registry
+from sluice.engines.base import BatchEngine, EngineContext, EngineStartError
+from sluice.operator.runner import Runner
+
+
+class StartError(Exception):
+    """The pipeline cannot start (engine, broker...). One line for the user."""
+
+
+def build_engine(loaded: LoadedPipeline) -> BatchEngine:
+    """Create and start (load, warm up) the pipeline's engine. Raises StartError."""
+    p = loaded.pipeline
+    try:
+        engine_type = registry.lookup(p.engine.type)
+    except ImportError as err:
+        raise StartError(f"engine '{p.engine.type}' is not installed here ({err}); "
+                         f"install it with: pip install 'sluice[{p.engine.type}]'") from None
+    context = EngineContext(max_batch_size=p.batching.max_batch_size, max_batch_tokens=p.batching.max_batch_tokens,
+                            pipeline_dir=str(loaded.base_dir))
+    engine: BatchEngine = engine_type.factory(loaded.engine_options, context)
+    try:
+        engine.start()
+    except EngineStartError as err:
+        raise StartError(f"engine '{p.engine.type}': {err}") from None
+    return engine
+
+
+def build_runner(loaded: LoadedPipeline, **limits: Any) -> tuple[Runner, BatchEngine]:
+    """Engine first (a slow warm-up must not eat into the consumer's poll interval), then Kafka clients."""
+    from confluent_kafka import KafkaException
+
+    from sluice.connectors.kafka import KafkaSink, KafkaSource
+
+    p = loaded.pipeline
+    engine = build_engine(loaded)
+    try:
+        source = KafkaSource(p.source.kafka, p.runtime.commit_interval_ms)
+        sink = KafkaSink(p.sink.kafka.bootstrap_servers or p.source.kafka.bootstrap_servers, p.sink.kafka)
+    except KafkaException as err:
+        engine.close()
+        raise StartError(f"kafka client configuration: {err.args[0].str()}") from None
+    return Runner(loaded, source, sink, engine, **limits), engine

@@ -1,0 +1,50 @@
+"""Plain data that travels between the operator's stages."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+Headers = list[tuple[str, bytes]]
+
+
+@dataclass(frozen=True, slots=True)
+class TopicPartition:
+    topic: str
+    partition: int
+
+
+@dataclass(slots=True)
+class InputRecord:
+    """One consumed record, as it came off the wire, plus where it came from."""
+
+    value: bytes | None
+    key: bytes | None
+    headers: Headers
+    tp: TopicPartition
+    offset: int
+    timestamp_ms: int | None  # broker / producer timestamp, when the record has one
+    received_s: float  # monotonic clock when the operator polled it
+
+
+@dataclass(slots=True)
+class Pending:
+    """A decoded record waiting in the batcher or in the engine.
+
+    ``document`` is the decoded record (a JSON object for the json codec, the text for raw);
+    ``item`` is what the engine's ``prepare`` made of the model input.
+    """
+
+    record: InputRecord
+    document: Any
+    item: Any
+
+
+@dataclass(frozen=True, slots=True)
+class OutputRecord:
+    """One record to produce: to an output topic or, with error headers, to the dead-letter topic."""
+
+    topic: str
+    value: bytes | None
+    key: bytes | None
+    headers: Headers

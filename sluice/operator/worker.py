@@ -1,0 +1,92 @@
+"""The engine thread: takes due batches from the batcher, runs the engine, produces the results.
+
+Runs beside the operator's main (intake) thread and shares :class:`SharedState` with it. The batcher is
+asked for a batch only when this thread is free, so while the engine works, the next batch keeps growing.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from sluice.engines.base import BatchEngine
+from sluice.operator.batcher import Batcher
+from sluice.operator.errors import infer_isolating
+from sluice.operator.offsets import OffsetTracker
+from sluice.operator.record import Pending
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class SharedState:
+    """What the intake thread and the engine thread share. Every field is guarded by ``cond``."""
+
+    batcher: Batcher[Pending]
+    tracker: OffsetTracker
+    cond: threading.Condition = field(default_factory=lambda: threading.Condition(threading.RLock()))
+    busy: bool = False  # the engine thread holds a batch it has not finished producing
+    hold: bool = False  # the intake thread asked the engine thread not to take new batches (revoke)
+    draining: bool = False  # shutdown: take every queued record, due or not, then exit
+    stopped: bool = False  # the engine thread must exit now
+    num_batches: int = 0
+    num_batched_records: int = 0
+
+
+# (the batch, one engine result or Failed per record) -> produce outputs and settle offsets
+Settle = Callable[[list[Pending], list[object]], None]
+
+
+class EngineWorker(threading.Thread):
+    """Owns every call to ``engine.infer``; ``settle`` produces a finished batch's records and settles
+    their offsets (see the runner)."""
+
+    def __init__(self, state: SharedState, engine: BatchEngine, settle: Settle,
+                 clock: Callable[[], float]) -> None:
+        super().__init__(name="sluice-engine", daemon=True)
+        self.state = state
+        self.engine = engine
+        self.settle = settle
+        self.clock = clock
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            while (batch := self._next_batch()) is not None:
+                try:
+                    self._process(batch)
+                finally:
+                    with self.state.cond:
+                        self.state.busy = False
+                        self.state.cond.notify_all()
+        except BaseException as err:  # a bug, not a bad record: stop the operator, commit nothing more
+            log.exception("engine thread failed")
+            self.error = err
+            with self.state.cond:
+                self.state.stopped = True
+                self.state.cond.notify_all()
+
+    def _next_batch(self) -> list[Pending] | None:
+        s = self.state
+        with s.cond:
+            while True:
+                if s.stopped:
+                    return None
+                now = self.clock()
+                if not s.hold:
+                    batch = s.batcher.next_batch(float("inf") if s.draining else now)
+                    if batch:
+                        s.busy = True
+                        s.num_batches += 1
+                        s.num_batched_records += len(batch)
+                        return batch
+                    if s.draining:
+                        return None
+                deadline = s.batcher.next_deadline()
+                s.cond.wait(None if deadline is None or s.hold else max(0.0, deadline - now))
+
+    def _process(self, batch: list[Pending]) -> None:
+        outcomes = infer_isolating(self.engine.infer, [p.item for p in batch])
+        self.settle(batch, outcomes)

@@ -1,0 +1,106 @@
+"""Record codecs: bytes -> (document, model input) on the way in; (document, result) -> bytes on the way out.
+
+Every failure is a :class:`CodecError` whose message says what was wrong with *that record*; the runner
+sends the record to the dead-letter topic with it and goes on.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from sluice.config import Codec, Output
+
+
+class CodecError(Exception):
+    """A record cannot be decoded or its result cannot be encoded. ``stage`` is 'decode' or 'encode'."""
+
+    def __init__(self, stage: str, message: str) -> None:
+        super().__init__(message)
+        self.stage = stage
+
+
+def _json_default(value: Any) -> Any:
+    # numpy arrays / scalars and bytes from engines; anything else is an encode error
+    tolist = getattr(value, "tolist", None)
+    if callable(tolist):
+        return tolist()
+    if isinstance(value, (bytes, bytearray)):
+        return base64.b64encode(value).decode("ascii")
+    raise TypeError(f"a result of type {type(value).__name__} is not JSON-serialisable")
+
+
+_encoder = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), default=_json_default,
+                            allow_nan=False)
+
+
+def _get_path(document: Any, path: tuple[str, ...]) -> Any:
+    value = document
+    for part in path:
+        if not isinstance(value, dict) or part not in value:
+            raise KeyError(part)
+        value = value[part]
+    return value
+
+
+@dataclass(frozen=True)
+class RecordCodec:
+    """Decodes input records and encodes output records, as the pipeline's ``codec`` and ``sink.output`` say."""
+
+    codec: Codec
+    output: Output
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_input_path", tuple(self.codec.input_field.split(".")))
+        key = self.output.key
+        object.__setattr__(self, "_key_path", tuple(key[6:].split(".")) if key.startswith("field:") else None)
+
+    def decode(self, value: bytes | None) -> tuple[Any, Any]:
+        """Return (document, model input). Raises CodecError('decode', ...)."""
+        if value is None:
+            raise CodecError("decode", "the record has no value (a tombstone)")
+        if self.codec.format == "raw":
+            try:
+                text = value.decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise CodecError("decode", f"the value is not valid UTF-8: {err.reason} at byte {err.start}") from None
+            return text, text
+        try:
+            document = json.loads(value)
+        except (ValueError, UnicodeDecodeError) as err:
+            raise CodecError("decode", f"the value is not valid JSON: {err}") from None
+        if not isinstance(document, dict):
+            raise CodecError("decode", f"expected a JSON object, got a JSON {type(document).__name__}")
+        try:
+            model_input = _get_path(document, self._input_path)  # type: ignore[attr-defined]
+        except KeyError:
+            raise CodecError("decode", f"the record has no field '{self.codec.input_field}'") from None
+        return document, model_input
+
+    def encode(self, document: Any, result: Any) -> bytes:
+        """The output value for one record. Raises CodecError('encode', ...)."""
+        if self.output.mode == "merge" and isinstance(document, dict):
+            out = dict(document)
+            out[self.output.field] = result
+        elif self.output.mode == "merge":
+            out = {"input": document, self.output.field: result}
+        else:
+            out = {self.output.field: result}
+        try:
+            return _encoder.encode(out).encode("utf-8")
+        except (TypeError, ValueError) as err:
+            raise CodecError("encode", f"the result cannot be encoded as JSON: {err}") from None
+
+    def output_key(self, document: Any, input_key: bytes | None) -> bytes | None:
+        """The key of the output record (input key by default)."""
+        if self.output.key == "input":
+            return input_key
+        if self.output.key == "none":
+            return None
+        try:
+            value = _get_path(document, self._key_path)  # type: ignore[attr-defined]
+        except KeyError:
+            raise CodecError("encode", f"the record has no key field '{self.output.key[6:]}'") from None
+        return value.encode("utf-8") if isinstance(value, str) else _encoder.encode(value).encode("utf-8")

@@ -1,0 +1,139 @@
+"""The batcher's guarantees, driven by a fake clock (plain floats)."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sluice.operator.batcher import Batcher, BatchPolicy
+
+
+def test_closes_by_size_before_the_delay() -> None:
+    b: Batcher[int] = Batcher(BatchPolicy(max_batch_size=3, max_queue_delay_s=1.0))
+    for i in range(4):
+        b.add(i, now=0.0)
+    assert b.next_batch(now=0.0) == [0, 1, 2]
+    assert b.next_batch(now=0.5) is None  # one left, not due yet
+    assert b.next_deadline() == 1.0
+    assert b.next_batch(now=1.0) == [3]
+
+
+def test_closes_by_time_from_the_oldest_record() -> None:
+    b: Batcher[str] = Batcher(BatchPolicy(max_batch_size=100, max_queue_delay_s=0.010))
+    b.add("a", now=0.000)
+    b.add("b", now=0.008)
+    assert b.next_batch(now=0.009) is None
+    assert b.next_batch(now=0.010) == ["a", "b"]  # 'b' leaves early with the oldest
+    assert b.next_batch(now=1.0) is None
+
+
+def test_keeps_filling_while_the_engine_is_busy() -> None:
+    # The runner asks only when the engine is idle; by then the batch has grown past the first records.
+    b: Batcher[int] = Batcher(BatchPolicy(max_batch_size=64, max_queue_delay_s=0.005))
+    for i in range(40):
+        b.add(i, now=i * 0.001)  # the engine is busy for 40 ms
+    assert b.next_batch(now=0.040) == list(range(40))
+
+
+def test_zero_delay_means_every_record_is_due_at_once() -> None:
+    b: Batcher[int] = Batcher(BatchPolicy(max_batch_size=8, max_queue_delay_s=0.0))
+    b.add(1, now=5.0)
+    assert b.next_batch(now=5.0) == [1]
+
+
+def test_length_buckets_group_similar_lengths() -> None:
+    b: Batcher[str] = Batcher(BatchPolicy(max_batch_size=2, max_queue_delay_s=1.0, bucket_by_length=True,
+                                          bucket_width=16))
+    b.add("short1", now=0.0, length=5)
+    b.add("long1", now=0.0, length=200)
+    b.add("short2", now=0.0, length=9)
+    b.add("long2", now=0.0, length=195)
+    assert b.next_batch(now=0.0) == ["short1", "short2"]
+    assert b.next_batch(now=0.0) == ["long1", "long2"]
+
+
+def test_token_budget_caps_padded_size_and_a_long_record_goes_alone() -> None:
+    b: Batcher[str] = Batcher(BatchPolicy(max_batch_size=100, max_queue_delay_s=0.0, max_batch_tokens=100))
+    for i in range(10):
+        b.add(f"s{i}", now=0.0, length=10)
+    b.add("huge", now=0.0, length=500)
+    assert b.next_batch(now=0.0) == [f"s{i}" for i in range(10)]  # 10 x 10 = 100 tokens
+    assert b.next_batch(now=0.0) == ["huge"]  # over budget on its own: still served, alone
+
+
+def test_expired_bucket_is_topped_up_with_neighbouring_lengths() -> None:
+    b: Batcher[str] = Batcher(BatchPolicy(max_batch_size=3, max_queue_delay_s=0.01, bucket_by_length=True,
+                                          bucket_width=8))
+    b.add("a", now=0.0, length=4)     # bucket 1
+    b.add("far", now=0.0, length=100)  # bucket 13
+    b.add("near", now=0.0, length=12)  # bucket 2
+    assert b.next_batch(now=0.01) == ["a", "near", "far"]
+
+
+def test_remove_takes_out_only_matching_items() -> None:
+    b: Batcher[int] = Batcher(BatchPolicy(max_batch_size=10, max_queue_delay_s=1.0))
+    for i in range(6):
+        b.add(i, now=0.0)
+    assert b.remove(lambda i: i % 2 == 0) == [0, 2, 4]
+    assert len(b) == 3
+    assert b.drain() == [[1, 3, 5]]
+
+
+# ------------------------------------------------------------------------------------ properties
+
+arrivals = st.lists(
+    st.tuples(st.floats(min_value=0, max_value=0.02), st.integers(min_value=0, max_value=3),
+              st.integers(min_value=1, max_value=300)),
+    min_size=1, max_size=200)
+
+
+@settings(max_examples=300, deadline=None)
+@given(arrivals=arrivals,
+       max_batch_size=st.integers(min_value=1, max_value=40),
+       delay_s=st.sampled_from([0.0, 0.001, 0.005, 0.02]),
+       bucketed=st.booleans(),
+       max_batch_tokens=st.one_of(st.none(), st.integers(min_value=1, max_value=2000)),
+       service_s=st.sampled_from([0.0, 0.0005, 0.003]),
+       tick_s=st.sampled_from([0.0005, 0.001]))
+def test_properties_of_a_simulated_run(arrivals: list[tuple[float, int, int]], max_batch_size: int,
+                                       delay_s: float, bucketed: bool, max_batch_tokens: int | None,
+                                       service_s: float, tick_s: float) -> None:
+    """Simulate arrivals and an engine that takes ``service_s`` per batch, polled every ``tick_s``.
+
+    Checks: batch size and token caps; nothing lost or duplicated; per-partition order without buckets;
+    and while the engine is idle no record waits past its deadline by more than one tick.
+    """
+    policy = BatchPolicy(max_batch_size=max_batch_size, max_queue_delay_s=delay_s, bucket_by_length=bucketed,
+                         max_batch_tokens=max_batch_tokens, bucket_width=16)
+    b: Batcher[tuple[int, int, int, float]] = Batcher(policy)
+    events, t = [], 0.0
+    for i, (gap, partition, length) in enumerate(arrivals):
+        t += gap
+        events.append((t, (i, partition, length, t)))
+    out: list[tuple[int, int, int, float]] = []
+    now, engine_free_at, k = 0.0, 0.0, 0
+    end = events[-1][0] + delay_s + 1.0
+    while now <= end:
+        while k < len(events) and events[k][0] <= now:
+            item = events[k][1]
+            b.add(item, now=item[3], length=item[2])
+            k += 1
+        if now >= engine_free_at:
+            batch = b.next_batch(now)
+            if batch is not None:
+                assert 1 <= len(batch) <= max_batch_size
+                if max_batch_tokens is not None and len(batch) > 1:
+                    assert len(batch) * max(x[2] for x in batch) <= max_batch_tokens
+                for x in batch:
+                    # the engine was idle, so the record left within one tick of its deadline (or earlier)
+                    if engine_free_at <= x[3] + delay_s:
+                        assert now <= x[3] + delay_s + tick_s + 1e-9
+                out.extend(batch)
+                engine_free_at = now + service_s
+        now += tick_s
+    out.extend(x for batch in b.drain() for x in batch)
+    assert sorted(x[0] for x in out) == list(range(len(events)))  # nothing lost, nothing twice
+    if not bucketed:
+        for p in range(4):
+            ids = [x[0] for x in out if x[1] == p]
+            assert ids == sorted(ids)
