@@ -186,7 +186,11 @@ def parse_pipeline(text: str, *, source: str = "<pipeline>", environ: Mapping[st
     except ValidationError as err:
         raise ConfigError(source, _describe(err, (), lines)) from None
 
-    engine_type = registry.lookup(pipeline.engine.type)
+    try:
+        engine_type = registry.lookup(pipeline.engine.type)
+    except ImportError as err:
+        raise ConfigError(source, [f"{_where(('engine', 'type'), lines)}: engine '{pipeline.engine.type}' is not "
+                                   f"available in this installation ({err})"]) from None
     try:
         options = engine_type.options.model_validate(pipeline.engine.raw_options())
     except ValidationError as err:

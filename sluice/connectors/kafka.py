@@ -98,10 +98,15 @@ class KafkaSource:
                 log.debug("store_offsets failed: %s", err)
 
     def commit(self, watermarks: dict[TopicPartition, int]) -> None:
-        """Commit ``watermarks`` synchronously (revoke, shutdown)."""
+        """Store and commit ``watermarks`` synchronously (revoke, shutdown).
+
+        Storing first matters: auto-commit (and ``close``) commit the *stored* offsets, and a stale stored
+        offset would otherwise be committed over the one committed here.
+        """
         offsets = [KafkaTopicPartition(tp.topic, tp.partition, off) for tp, off in watermarks.items()]
         if not offsets:
             return
+        self.store(watermarks)
         try:
             self._consumer.commit(offsets=offsets, asynchronous=False)
         except KafkaException as err:

@@ -1,0 +1,20 @@
+"""User functions the integration tests plug into the ``python`` engine."""
+
+from __future__ import annotations
+
+import time
+
+
+def tag(texts: list[str]) -> list[str]:
+    return [f"<{t.upper()}>" for t in texts]
+
+
+def slow_tag(texts: list[str]) -> list[str]:
+    time.sleep(0.02)  # a slow model: keeps records in flight when the test sends SIGTERM
+    return tag(texts)
+
+
+def fail_on_poison(texts: list[str]) -> list[str]:
+    if any("poison" in t for t in texts):
+        raise ValueError("the model cannot digest 'poison'")
+    return tag(texts)
