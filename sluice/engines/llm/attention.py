@@ -1,0 +1,150 @@
+"""Attention over the paged KV cache: the per-step metadata and the two back-ends.
+
+``AttentionMetadata`` is built once per step by the model runner and shared by every layer. Each layer
+calls :func:`store_and_attend`: on CUDA it uses the Triton kernels of ``kernels/`` (``store_kv`` and
+``paged_attention``, one launch each for the whole mixed prefill/decode batch); on the CPU it uses the
+torch path below, which is planned once per step (:func:`plan_cpu_attention`) so that the 30 layers of
+a decode step cost one gather and one ``scaled_dot_product_attention`` each, not a loop over sequences.
+
+Semantics (both back-ends): sequence ``s`` owns query rows ``query_start_loc[s]:query_start_loc[s+1]``
+(``q_len`` rows) at positions ``seq_lens[s] - q_len + j``; each row attends causally to KV positions
+``0..`` its own position of the same sequence. Query head ``h`` reads KV head ``h // (H // KVH)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass(slots=True)
+class PrefillPlan:
+    """One sequence with more than one new token (a prompt or a prompt chunk), CPU path."""
+
+    q_start: int
+    q_end: int
+    kv_slots: torch.Tensor  # (kv_len,) int64 flat cache slots of positions 0..kv_len-1
+    mask: torch.Tensor | None  # (q_len, kv_len) bool, True = may attend; None = plain causal
+
+
+@dataclass(slots=True)
+class CpuAttentionPlan:
+    """Index tensors for the CPU path; built once per step, used by every layer."""
+
+    decode_rows: torch.Tensor | None = None  # (num_decodes,) int64 flat query rows of 1-token sequences
+    decode_slots: torch.Tensor | None = None  # (num_decodes, max_kv_len) int64, padded with slot 0
+    decode_mask: torch.Tensor | None = None  # (num_decodes, 1, 1, max_kv_len) bool, True = real key
+    prefills: list[PrefillPlan] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class AttentionMetadata:
+    """What every layer needs to write and read the paged KV cache for one step."""
+
+    slot_mapping: torch.Tensor  # (num_tokens,) int64 slot = block_id * block_size + offset
+    query_start_loc: torch.Tensor  # (num_seqs + 1,) int32 cumulative query rows
+    seq_lens: torch.Tensor  # (num_seqs,) int32 KV length after this step (context + new tokens)
+    block_tables: torch.Tensor  # (num_seqs, max_blocks_per_seq) int32, padded with 0
+    max_seq_len: int
+    cpu_plan: CpuAttentionPlan | None = None  # set on the CPU path only
+
+
+def plan_cpu_attention(
+    query_lens: list[int], seq_lens: list[int], block_tables: list[list[int]], block_size: int
+) -> CpuAttentionPlan:
+    """Precompute gather indices and masks for one step on the CPU (plain Python lists in)."""
+    plan = CpuAttentionPlan()
+    decode_rows: list[int] = []
+    decode_seqs: list[int] = []
+    q_start = 0
+    for s, (q_len, kv_len) in enumerate(zip(query_lens, seq_lens, strict=True)):
+        if q_len == 1:
+            decode_rows.append(q_start)
+            decode_seqs.append(s)
+        elif q_len > 1:
+            slots = _slots(block_tables[s], kv_len, block_size)
+            context_len = kv_len - q_len
+            mask = None
+            if context_len > 0:
+                q_pos = torch.arange(context_len, kv_len).unsqueeze(1)  # (q_len, 1)
+                mask = torch.arange(kv_len).unsqueeze(0) <= q_pos  # (q_len, kv_len)
+            plan.prefills.append(PrefillPlan(q_start, q_start + q_len, slots, mask))
+        q_start += q_len
+    if decode_rows:
+        max_kv_len = max(seq_lens[s] for s in decode_seqs)
+        slots_rows = torch.zeros(len(decode_seqs), max_kv_len, dtype=torch.int64)
+        lens = torch.tensor([seq_lens[s] for s in decode_seqs])
+        for i, s in enumerate(decode_seqs):
+            slots_rows[i, : seq_lens[s]] = _slots(block_tables[s], seq_lens[s], block_size)
+        plan.decode_rows = torch.tensor(decode_rows, dtype=torch.int64)
+        plan.decode_slots = slots_rows
+        plan.decode_mask = (torch.arange(max_kv_len).unsqueeze(0) < lens.unsqueeze(1))[:, None, None, :]
+    return plan
+
+
+def _slots(block_ids: list[int], kv_len: int, block_size: int) -> torch.Tensor:
+    """Flat cache slots of positions ``0..kv_len-1`` of a sequence with this block table."""
+    num_blocks = (kv_len + block_size - 1) // block_size
+    blocks = torch.tensor(block_ids[:num_blocks], dtype=torch.int64)
+    slots = (blocks.unsqueeze(1) * block_size + torch.arange(block_size)).reshape(-1)
+    return slots[:kv_len]
+
+
+def store_and_attend(
+    query: torch.Tensor,  # (num_tokens, num_heads, head_dim)
+    key: torch.Tensor,  # (num_tokens, num_kv_heads, head_dim)
+    value: torch.Tensor,  # (num_tokens, num_kv_heads, head_dim)
+    k_cache: torch.Tensor,  # (num_blocks, block_size, num_kv_heads, head_dim)
+    v_cache: torch.Tensor,  # (num_blocks, block_size, num_kv_heads, head_dim)
+    meta: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:  # (num_tokens, num_heads, head_dim)
+    """Write this step's K/V into the cache, then attend each new token over its sequence's cache."""
+    if meta.cpu_plan is None:
+        from sluice.engines.llm import kernels
+
+        kernels.store_kv(key, value, k_cache, v_cache, meta.slot_mapping)
+        return kernels.paged_attention(
+            query, k_cache, v_cache, meta.block_tables, meta.query_start_loc, meta.seq_lens, scale
+        )
+    return _cpu_store_and_attend(query, key, value, k_cache, v_cache, meta.slot_mapping, meta.cpu_plan, scale)
+
+
+def _cpu_store_and_attend(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    plan: CpuAttentionPlan,
+    scale: float,
+) -> torch.Tensor:
+    num_tokens, num_heads, head_dim = query.shape
+    num_kv_heads = k_cache.shape[2]
+    group = num_heads // num_kv_heads
+    k_flat = k_cache.view(-1, num_kv_heads, head_dim)  # (num_slots, num_kv_heads, head_dim)
+    v_flat = v_cache.view(-1, num_kv_heads, head_dim)
+    k_flat.index_copy_(0, slot_mapping, key)
+    v_flat.index_copy_(0, slot_mapping, value)
+    out = torch.empty_like(query)
+    if plan.decode_rows is not None:
+        assert plan.decode_slots is not None and plan.decode_mask is not None
+        n = plan.decode_rows.shape[0]
+        # The `group` query heads sharing a KV head become `group` query rows of one attention problem.
+        q = query.index_select(0, plan.decode_rows).view(n, num_kv_heads, group, head_dim)
+        k = k_flat[plan.decode_slots].transpose(1, 2)  # (n, num_kv_heads, max_kv_len, head_dim)
+        v = v_flat[plan.decode_slots].transpose(1, 2)
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=plan.decode_mask, scale=scale)
+        out.index_copy_(0, plan.decode_rows, o.reshape(n, num_heads, head_dim))
+    for p in plan.prefills:
+        q = query[p.q_start : p.q_end].transpose(0, 1).unsqueeze(0)  # (1, num_heads, q_len, head_dim)
+        k = k_flat[p.kv_slots].transpose(0, 1).unsqueeze(0)  # (1, num_kv_heads, kv_len, head_dim)
+        v = v_flat[p.kv_slots].transpose(0, 1).unsqueeze(0)
+        o = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=p.mask, is_causal=p.mask is None, scale=scale, enable_gqa=True
+        )
+        out[p.q_start : p.q_end] = o.squeeze(0).transpose(0, 1)
+    return out

@@ -1,0 +1,266 @@
+"""``LLM``: Sluice's own continuous-batching LLM engine.
+
+Requests are added one at a time at any moment (``add_request``); every ``step()`` advances all running
+requests by one scheduled chunk and returns those that finished::
+
+    out = scheduler.schedule()                 # which requests compute how many tokens
+    sampled = runner.execute(out)              # tensors -> model over the paged KV cache -> sampled tokens
+    stops = self._check_stops(sampled)         # stop tokens / stop strings (max_tokens: the scheduler)
+    finished = scheduler.update(out, ...)      # append tokens, cache full blocks, free finished requests
+
+Output contract (:class:`RequestOutput`): ``token_ids`` are all generated tokens, including a final stop
+token (an EOS or one of ``stop_token_ids``); ``text`` is their detokenised text without special tokens and,
+when a stop string ended the request, cut just before that stop string (the stop string is excluded).
+
+Not thread-safe: one thread drives ``add_request`` / ``step`` / ``abort``.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from sluice.engines.llm.config import EngineConfig
+from sluice.engines.llm.kv_cache import KVCacheManager
+from sluice.engines.llm.model_runner import ModelRunner, SampledToken
+from sluice.engines.llm.request import Request, RequestStatus, SamplingParams
+from sluice.engines.llm.scheduler import Scheduler
+from sluice.engines.llm.tokenizer import ChatTokenizer, IncrementalDetokenizer
+from sluice.engines.llm.weights import load_weights
+
+_FINISH_REASONS = {
+    RequestStatus.FINISHED_STOPPED: "stop",
+    RequestStatus.FINISHED_LENGTH: "length",
+    RequestStatus.FINISHED_ABORTED: "abort",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class RequestOutput:
+    """A finished request."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    token_ids: list[int]  # generated tokens, a final stop token included
+    text: str  # detokenised output (special tokens skipped; a matched stop string excluded)
+    status: RequestStatus  # FINISHED_STOPPED or FINISHED_LENGTH
+    logprobs: list[float] | None  # log-prob of each generated token, when requested
+    num_cached_tokens: int  # prompt tokens served by the prefix cache (at the last admission)
+
+    @property
+    def finish_reason(self) -> str:
+        return _FINISH_REASONS.get(self.status, self.status.name.lower())
+
+
+@dataclass(frozen=True, slots=True)
+class EngineStats:
+    num_prompt_tokens: int  # prompt tokens of all added requests
+    num_output_tokens: int  # tokens generated so far
+    num_preemptions: int
+    prefix_cache_hit_rate: float  # hit tokens / queried tokens, 0..1
+    kv_usage: float  # fraction of KV blocks in use now
+    num_kv_blocks: int
+    num_steps: int
+
+
+class _Tracker:
+    """Engine-side state of one request: stop strings and log-probs."""
+
+    __slots__ = ("detok", "logprobs", "stop_at")
+
+    def __init__(self, detok: IncrementalDetokenizer | None, want_logprobs: bool) -> None:
+        self.detok = detok
+        self.logprobs: list[float] | None = [] if want_logprobs else None
+        self.stop_at: int | None = None  # text offset of a matched stop string
+
+
+class LLM:
+    """Load a Llama-family model (GGUF file, HF safetensors directory, or a known model name) and serve it.
+
+    ``options`` are the fields of :class:`EngineConfig` (``max_num_seqs``, ``max_num_batched_tokens``,
+    ``block_size``, ``enable_prefix_caching``, ``kv_cache_memory_bytes``, ``dtype``, ``device``,
+    ``max_model_len``, ...); an unknown option is a TypeError.
+    """
+
+    def __init__(self, model: str | Path, **options: object) -> None:
+        self.config = EngineConfig(**options)  # type: ignore[arg-type]
+        path = _resolve(model)
+        if self.config.num_threads is not None:
+            torch.set_num_threads(self.config.num_threads)
+        model_config, tensors = load_weights(path)
+        self.model_config = model_config
+        self.max_model_len = min(
+            self.config.max_model_len or model_config.max_position_embeddings,
+            model_config.max_position_embeddings,
+        )
+        self.runner = ModelRunner(model_config, tensors, self.config, self.max_model_len)
+        del tensors
+        try:
+            self.tokenizer: ChatTokenizer | None = ChatTokenizer.from_path(path)
+        except ValueError:
+            self.tokenizer = None  # token-id prompts only
+        self.kv = KVCacheManager(self.runner.num_blocks, self.config.block_size, self.config.enable_prefix_caching)
+        self.scheduler = Scheduler(
+            self.kv, self.config.max_num_seqs, self.config.max_num_batched_tokens, max_model_len=self.max_model_len
+        )
+        self._eos_ids = frozenset(model_config.eos_token_ids)
+        self._trackers: dict[str, _Tracker] = {}
+        self._ids = itertools.count()
+        self._num_prompt_tokens = 0
+        self._num_output_tokens = 0
+        self._num_steps = 0
+
+    # ---- requests ------------------------------------------------------------------------------------
+
+    def add_request(
+        self, prompt: str | list[int], params: SamplingParams | None = None, request_id: str | None = None
+    ) -> str:
+        """Queue a prompt (text or token ids); return its request id.
+
+        ValueError (naming the lengths) when the prompt cannot fit ``max_model_len`` or the KV pool.
+        """
+        params = params or SamplingParams()
+        if isinstance(prompt, str):
+            prompt_ids = self._require_tokenizer("text prompts").encode(prompt)
+        else:
+            prompt_ids = list(prompt)
+        if params.stop:
+            self._require_tokenizer("stop strings")
+        request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
+        request = Request(request_id, prompt_ids, params)
+        if request.num_tokens >= self.max_model_len:
+            raise ValueError(
+                f"request {request_id!r}: prompt has {request.num_tokens} tokens but max_model_len is "
+                f"{self.max_model_len}, which leaves no room to generate; shorten the prompt"
+            )
+        for token_id in prompt_ids:
+            if token_id >= self.model_config.vocab_size:
+                raise ValueError(f"request {request_id!r}: token id {token_id} >= vocab size "
+                                 f"{self.model_config.vocab_size}")  # fmt: skip
+        self.scheduler.add(request)
+        detok = IncrementalDetokenizer(self.tokenizer) if params.stop and self.tokenizer else None
+        self._trackers[request_id] = _Tracker(detok, params.logprobs)
+        self._num_prompt_tokens += request.num_prompt_tokens
+        return request_id
+
+    def abort(self, request_id: str) -> bool:
+        """Drop a request (any state) and free its KV blocks; False if it is unknown or already finished."""
+        self._trackers.pop(request_id, None)
+        return self.scheduler.abort(request_id) is not None
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # ---- the step ------------------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        """Advance every running request by one scheduled chunk; return the requests that finished."""
+        out = self.scheduler.schedule()
+        if not out.scheduled:
+            return []
+        sampled = self.runner.execute([(s.request, s.num_new_tokens) for s in out.scheduled])
+        stops = self._check_stops(sampled)
+        finished = self.scheduler.update(out, {rid: s.token_id for rid, s in sampled.items()}, stops)
+        self._num_steps += 1
+        self._num_output_tokens += len(sampled)
+        return [self._output(r) for r in finished]
+
+    def _check_stops(self, sampled: dict[str, SampledToken]) -> dict[str, RequestStatus]:
+        """Record log-probs and detokenised text; decide which requests stop on this token."""
+        stops: dict[str, RequestStatus] = {}
+        for rid, s in sampled.items():
+            tracker = self._trackers[rid]
+            params = self.scheduler.requests[rid].params
+            if tracker.logprobs is not None and s.logprob is not None:
+                tracker.logprobs.append(s.logprob)
+            if s.token_id in params.stop_token_ids or (s.token_id in self._eos_ids and not params.ignore_eos):
+                stops[rid] = RequestStatus.FINISHED_STOPPED
+                continue
+            if tracker.detok is not None:
+                delta = tracker.detok.add(s.token_id)
+                if delta and _find_stop(tracker, params.stop, len(delta)):
+                    stops[rid] = RequestStatus.FINISHED_STOPPED
+        return stops
+
+    def _output(self, request: Request) -> RequestOutput:
+        tracker = self._trackers.pop(request.request_id)
+        if tracker.detok is not None:
+            text = tracker.detok.text if tracker.stop_at is None else tracker.detok.text[: tracker.stop_at]
+        elif self.tokenizer is not None:
+            text = self.tokenizer.decode(request.output_token_ids)
+        else:
+            text = ""
+        return RequestOutput(
+            request_id=request.request_id,
+            prompt_token_ids=request.prompt_token_ids,
+            token_ids=list(request.output_token_ids),
+            text=text,
+            status=request.status,
+            logprobs=tracker.logprobs,
+            num_cached_tokens=request.num_cached_tokens,
+        )
+
+    # ---- conveniences --------------------------------------------------------------------------------
+
+    def generate(
+        self, prompts: Sequence[str | list[int]], params: SamplingParams | list[SamplingParams] | None = None
+    ) -> list[RequestOutput]:
+        """Run the prompts to completion, batched together; outputs in the order of ``prompts``."""
+        param_list = params if isinstance(params, list) else [params or SamplingParams()] * len(prompts)
+        if len(param_list) != len(prompts):
+            raise ValueError(f"got {len(param_list)} SamplingParams for {len(prompts)} prompts")
+        ids = [self.add_request(p, sp) for p, sp in zip(prompts, param_list, strict=True)]
+        done: dict[str, RequestOutput] = {}
+        while self.has_unfinished():
+            for o in self.step():
+                done[o.request_id] = o
+        return [done[i] for i in ids]
+
+    def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+        return self._require_tokenizer("chat templates").apply_chat_template(messages, add_generation_prompt)
+
+    @property
+    def stats(self) -> EngineStats:
+        return EngineStats(
+            num_prompt_tokens=self._num_prompt_tokens,
+            num_output_tokens=self._num_output_tokens,
+            num_preemptions=self.scheduler.num_preemptions,
+            prefix_cache_hit_rate=self.kv.stats.hit_rate,
+            kv_usage=self.kv.usage,
+            num_kv_blocks=self.kv.num_blocks,
+            num_steps=self._num_steps,
+        )
+
+    def _require_tokenizer(self, what: str) -> ChatTokenizer:
+        if self.tokenizer is None:
+            raise ValueError(f"{what} need a tokenizer, and this model directory has none; pass token ids")
+        return self.tokenizer
+
+
+def _find_stop(tracker: _Tracker, stops: tuple[str, ...], delta_len: int) -> bool:
+    """Look for a stop string overlapping the newest text; record where the earliest one starts."""
+    assert tracker.detok is not None
+    text = tracker.detok.text
+    window_start = max(0, len(text) - delta_len - max(len(s) for s in stops) + 1)
+    found = [i for i in (text.find(s, window_start) for s in stops) if i >= 0]
+    if not found:
+        return False
+    tracker.stop_at = min(found)
+    return True
+
+
+def _resolve(model: str | Path) -> Path:
+    """A path as given, or a known model name (``smollm2-135m``) fetched into the model cache."""
+    path = Path(model).expanduser()
+    if path.exists():
+        return path
+    from sluice.models.catalogue import KNOWN_MODELS
+    from sluice.models.fetch import fetch
+
+    if str(model) in KNOWN_MODELS:
+        return fetch(str(model))
+    raise ValueError(f"model {str(model)!r} is neither an existing path nor a known model name")

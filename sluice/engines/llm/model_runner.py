@@ -1,0 +1,162 @@
+"""Turn one scheduled batch into tensors, run the model over the paged KV cache, sample the next tokens.
+
+The runner owns the device: the model's weights and the KV pool, preallocated once at start from a memory
+budget (``num_blocks`` is fixed for the engine's life). Per step it builds, in plain Python from the
+scheduler's bookkeeping, the flat token batch (every request's not-yet-computed tokens, no padding), their
+positions, the cache slot of every new token, and -- for requests whose tokens are all computed after this
+step -- the row whose logits are sampled.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from sluice.engines.llm.attention import AttentionMetadata, plan_cpu_attention
+from sluice.engines.llm.config import EngineConfig, ModelConfig
+from sluice.engines.llm.model import KVCache, LlamaModel
+from sluice.engines.llm.request import Request
+from sluice.engines.llm.sampling import Sampler, SamplingRow
+
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@dataclass(frozen=True, slots=True)
+class SampledToken:
+    token_id: int
+    logprob: float | None  # only when the request asked for log-probs
+
+
+def resolve_device_dtype(cfg: EngineConfig) -> tuple[torch.device, torch.dtype]:
+    """``auto`` picks CUDA when present; fp32 on the CPU, bf16 (or fp16 without bf16 support) on CUDA."""
+    if cfg.device == "auto":
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    else:
+        device = torch.device(cfg.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device 'cuda' was requested but no CUDA device is available; use device='cpu'")
+    if cfg.dtype != "auto":
+        return device, _DTYPES[cfg.dtype]
+    if device.type == "cpu":
+        return device, torch.float32
+    return device, torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+
+
+class ModelRunner:
+    """Model + KV pool on one device; ``execute`` runs one step."""
+
+    def __init__(
+        self,
+        model_config: ModelConfig,
+        tensors: dict[str, torch.Tensor],
+        engine_config: EngineConfig,
+        max_model_len: int,
+    ) -> None:
+        self.device, self.dtype = resolve_device_dtype(engine_config)
+        self.block_size = engine_config.block_size
+        self.model = LlamaModel.from_weights(model_config, tensors, max_model_len, self.dtype, self.device)
+        self.sampler = Sampler(engine_config.seed)
+        cfg = model_config
+        elem = torch.tensor([], dtype=self.dtype).element_size()
+        # K and V of every layer for block_size tokens.
+        self.bytes_per_block = 2 * cfg.num_layers * self.block_size * cfg.num_kv_heads * cfg.head_dim * elem
+        budget = self._kv_budget_bytes(engine_config, model_config)
+        self.num_blocks = budget // self.bytes_per_block
+        if self.num_blocks < 1:
+            raise ValueError(
+                f"the KV memory budget ({budget} bytes) is smaller than one block ({self.bytes_per_block} bytes)"
+            )
+        # Zero-filled, not empty: padded gathers read unused slots with zero weight, and NaN * 0 is NaN.
+        self.kv_pool = torch.zeros(
+            cfg.num_layers, 2, self.num_blocks, self.block_size, cfg.num_kv_heads, cfg.head_dim,
+            dtype=self.dtype, device=self.device,
+        )  # fmt: skip
+        self.kv_caches: list[KVCache] = [(self.kv_pool[i, 0], self.kv_pool[i, 1]) for i in range(cfg.num_layers)]
+
+    def _kv_budget_bytes(self, ecfg: EngineConfig, mcfg: ModelConfig) -> int:
+        if ecfg.kv_cache_memory_bytes is not None:
+            return ecfg.kv_cache_memory_bytes
+        if self.device.type != "cuda":
+            return EngineConfig.DEFAULT_CPU_KV_BYTES
+        free_bytes, _ = torch.cuda.mem_get_info(self.device)
+        elem = torch.tensor([], dtype=self.dtype).element_size()
+        # Activations of the largest step: a few (tokens, intermediate) tensors plus fp32 logits.
+        activations = ecfg.max_num_batched_tokens * (4 * mcfg.intermediate_size + 8 * mcfg.hidden_size) * elem
+        activations += ecfg.max_num_seqs * mcfg.vocab_size * 4 * 3
+        return max(0, int(free_bytes * ecfg.gpu_memory_utilization) - activations)
+
+    @torch.inference_mode()
+    def execute(self, scheduled: list[tuple[Request, int]]) -> dict[str, SampledToken]:
+        """Compute ``num_new_tokens`` tokens of each ``(request, num_new_tokens)``; sample where complete.
+
+        Returns the sampled token for every request whose computed tokens reach ``num_tokens`` this step.
+        Block tables must already cover the new tokens (the scheduler allocated them).
+        """
+        bs = self.block_size
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        query_lens: list[int] = []
+        seq_lens: list[int] = []
+        tables: list[list[int]] = []
+        logits_rows: list[int] = []
+        sampling: list[SamplingRow] = []
+        sampled_requests: list[Request] = []
+        for req, num_new in scheduled:
+            start, end = req.num_computed_tokens, req.num_computed_tokens + num_new
+            blocks = req.block_ids
+            input_ids.extend(req.token_ids_in(start, end))
+            if num_new == 1:
+                positions.append(start)
+                slots.append(blocks[start // bs] * bs + start % bs)
+            else:
+                span = range(start, end)
+                positions.extend(span)
+                slots.extend(blocks[p // bs] * bs + p % bs for p in span)
+            query_lens.append(num_new)
+            seq_lens.append(end)
+            tables.append(blocks)
+            if end == req.num_tokens:
+                logits_rows.append(len(input_ids) - 1)
+                sampling.append(SamplingRow(req.params, req.num_output_tokens))
+                sampled_requests.append(req)
+
+        dev = self.device
+        meta = AttentionMetadata(
+            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
+            query_start_loc=torch.tensor([0, *_cumsum(query_lens)], dtype=torch.int32, device=dev),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
+            block_tables=self._block_table_tensor(tables) if dev.type == "cuda" else torch.empty(0),
+            max_seq_len=max(seq_lens),
+        )
+        if dev.type == "cpu":
+            meta.cpu_plan = plan_cpu_attention(query_lens, seq_lens, tables, bs)
+        logits = self.model(
+            torch.tensor(input_ids, dtype=torch.int64, device=dev),
+            torch.tensor(positions, dtype=torch.int64, device=dev),
+            self.kv_caches,
+            meta,
+            torch.tensor(logits_rows, dtype=torch.int64, device=dev),
+        )  # (num_sampled, vocab) float32
+        if not sampled_requests:
+            return {}
+        out = self.sampler.sample(logits, sampling)
+        return {
+            req.request_id: SampledToken(tok, None if out.logprobs is None or not req.params.logprobs
+                                         else out.logprobs[i])
+            for i, (req, tok) in enumerate(zip(sampled_requests, out.token_ids, strict=True))
+        }  # fmt: skip
+
+    def _block_table_tensor(self, tables: list[list[int]]) -> torch.Tensor:
+        width = max(len(t) for t in tables)
+        padded = [t + [0] * (width - len(t)) for t in tables]
+        return torch.tensor(padded, dtype=torch.int32, device=self.device)  # (num_seqs, max_blocks)
+
+
+def _cumsum(values: list[int]) -> list[int]:
+    total, out = 0, []
+    for v in values:
+        total += v
+        out.append(total)
+    return out
