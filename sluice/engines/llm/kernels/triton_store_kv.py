@@ -1,8 +1,8 @@
 """Triton kernel that scatters new tokens' keys and values into the paged KV cache.
 
 One program per token copies that token's ``(num_kv_heads, head_dim)`` key and value into slot
-``slot_mapping[t]`` (``block_id * block_size + offset``) of both caches; negative slots are skipped (the
-masked store writes nothing). Same contract as :func:`.reference.store_kv`.
+``slot_mapping[t]`` (``block_id * block_size + offset``) of both caches; negative slots are skipped (their
+programs return at once). Same contract as :func:`.reference.store_kv`.
 """
 
 from __future__ import annotations
@@ -22,11 +22,13 @@ def _store_kv_kernel(
 ):
     token = tl.program_id(0).to(tl.int64)
     slot = tl.load(slot_ptr + token).to(tl.int64)
+    if slot < 0:  # a skipped token
+        return
     block_id = slot // block_size
     offset = slot % block_size
     heads = tl.arange(0, BLOCK_H)[:, None]  # (BLOCK_H, 1)
     dims = tl.arange(0, BLOCK_D)[None, :]  # (1, BLOCK_D)
-    mask = (heads < num_kv_heads) & (dims < head_dim) & (slot >= 0)
+    mask = (heads < num_kv_heads) & (dims < head_dim)
 
     k = tl.load(key_ptr + token * key_stride_t + heads * key_stride_h + dims, mask=mask)
     v = tl.load(value_ptr + token * value_stride_t + heads * value_stride_h + dims, mask=mask)

@@ -1,0 +1,74 @@
+"""Triton kernels against the reference under the Triton CPU interpreter.
+
+Not collected by the main test run: ``test_triton_interpret.py`` runs this file in a child pytest with
+``TRITON_INTERPRET=1`` (the interpreter must be chosen before the kernels are decorated, and must not leak
+into the rest of the suite). The interpreter has no bf16, so fp32 and fp16 are covered here and bf16 only
+by the CUDA tests.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+if os.environ.get("TRITON_INTERPRET") != "1":
+    pytest.skip("run through test_triton_interpret.py (needs TRITON_INTERPRET=1)", allow_module_level=True)
+
+from sluice.engines.llm import kernels  # noqa: E402
+from sluice.engines.llm.kernels import reference  # noqa: E402
+from sluice.engines.llm.kernels.synthetic import LAYOUTS, Layout, make_batch  # noqa: E402
+from sluice.engines.llm.kernels.triton_paged_attention import paged_attention  # noqa: E402
+from sluice.engines.llm.kernels.triton_store_kv import store_kv  # noqa: E402
+
+TOLERANCES = {torch.float32: 2e-5, torch.float16: 4e-3}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda layout: layout.name)
+def test_attention_matches_reference(layout: Layout, dtype: torch.dtype) -> None:
+    # NaN in every slot outside the sequences: the kernel must never load one
+    batch = make_batch(layout, dtype=dtype, poison_unused=True)
+    expected = reference.paged_attention(*batch.args())
+    out = torch.full_like(batch.query, float("nan"))  # rows the kernel forgets to write stay NaN
+    got = paged_attention(*batch.args(), out=out)
+    assert got is out and got.dtype == dtype
+    tol = TOLERANCES[dtype]
+    torch.testing.assert_close(got, expected, atol=tol, rtol=tol)
+
+
+def test_dispatch_forced_to_triton_runs_the_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SLUICE_KERNELS", "triton")
+    batch = make_batch(LAYOUTS[0], num_blocks=64)
+    assert kernels.kernel_path(batch.query) == "triton"
+    torch.testing.assert_close(kernels.paged_attention(*batch.args()), reference.paged_attention(*batch.args()),
+                               atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+def test_store_kv_matches_reference_and_skips_negative_slots(dtype: torch.dtype) -> None:
+    gen = torch.Generator().manual_seed(1)
+    num_blocks, block_size, num_kv_heads, head_dim = 1500, 16, 3, 64
+    qkv = torch.randn(24, 15 * head_dim, generator=gen).to(dtype)  # a fused QKV projection
+    key = qkv[:, 9 * head_dim:12 * head_dim].view(24, num_kv_heads, head_dim)  # strided views
+    value = qkv[:, 12 * head_dim:].view(24, num_kv_heads, head_dim)
+    slots = torch.randperm(num_blocks * block_size, generator=gen)[:24].to(torch.int32)
+    slots[::5] = -1
+    k_cache = torch.randn(num_blocks, block_size, num_kv_heads, head_dim, generator=gen).to(dtype)
+    v_cache = torch.randn(num_blocks, block_size, num_kv_heads, head_dim, generator=gen).to(dtype)
+    k_ref, v_ref = k_cache.clone(), v_cache.clone()
+    reference.store_kv(key, value, k_ref, v_ref, slots)
+    store_kv(key, value, k_cache, v_cache, slots)
+    assert torch.equal(k_cache, k_ref) and torch.equal(v_cache, v_ref)
+
+
+def test_store_kv_with_an_odd_head_layout() -> None:
+    key = torch.randn(5, 5, 48)  # 5 KV heads and head_dim 48: both padded inside the kernel
+    value = torch.randn(5, 5, 48)
+    k_cache, v_cache = torch.zeros(4, 4, 5, 48), torch.zeros(4, 4, 5, 48)
+    k_ref, v_ref = k_cache.clone(), v_cache.clone()
+    slots = torch.tensor([15, 0, -1, 6, 9], dtype=torch.int64)
+    reference.store_kv(key, value, k_ref, v_ref, slots)
+    store_kv(key, value, k_cache, v_cache, slots)
+    assert torch.equal(k_cache, k_ref) and torch.equal(v_cache, v_ref)
