@@ -1,0 +1,396 @@
+#!/usr/bin/env bash
+# Runs a real Apache Kafka 4.x cluster (KRaft, combined broker+controller, loopback only) from the
+# Maven artifacts resolved by pom.xml next to this script: for development, tests and CI, no Docker.
+#
+# Guarantees:
+#   - `start` returns 0 only once every node is unfenced and an AdminClient request succeeds; it prints
+#     the bootstrap servers string (and nothing else) on stdout.
+#   - `stop`, `kill-node` only ever signal the PIDs this script recorded in the run directory, and only
+#     while that PID still runs kafka.Kafka with this run directory's server.properties.
+#   - `start` always begins a fresh cluster (new cluster id, empty data); `start-node` keeps a node's data.
+set -euo pipefail
+
+SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+LIB_DIR="$SCRIPT_DIR/lib"
+HELP_TEXT="usage: kafka.sh COMMAND [options]
+
+Commands:
+  start [--port P] [--nodes 1|3] [--dir DIR] [--controller-port C] [--heap-mb M] [--timeout S]
+        Start a fresh cluster and wait until it serves AdminClient requests; print the bootstrap
+        servers. Client ports P..P+nodes-1 (default 9092), controller ports C.. (default P+100).
+  stop [--dir DIR] [--timeout S]
+        SIGTERM the recorded nodes, wait up to S seconds (default 30), then SIGKILL stragglers.
+  status [--dir DIR]
+        Print each node's state; exit 0 only if all nodes run.
+  kill-node N [--signal KILL|TERM] [--dir DIR]
+        Stop node N (KILL = crash, TERM = controlled shutdown), keeping its data.
+  start-node N [--dir DIR] [--timeout S]
+        Restart node N of a running cluster on its old data and wait until it is back.
+  bootstrap [--dir DIR]
+        Print the bootstrap servers of the cluster in DIR.
+
+Run directory: --dir, else \$SLUICE_KAFKA_DIR, else deploy/kafka/run/. Node N lives in DIR/node-N/
+(server.properties, data/, server.log, stdout.log, pid).
+Environment: SLUICE_PYTHON (python with confluent_kafka for the readiness check),
+SLUICE_KAFKA_HEAP_MB (default 512), SLUICE_KAFKA_VERSION (re-resolves lib/ when it changes).
+No Java here? Point Sluice at an existing broker with SLUICE_KAFKA_BOOTSTRAP=host:port instead."
+
+die() { echo "kafka.sh: $*" >&2; exit 1; }
+
+need_tool() {  # need_tool NAME WHY
+    if ! command -v "$1" >/dev/null 2>&1; then
+        echo "kafka.sh: '$1' not found ($2); install it, or set SLUICE_KAFKA_BOOTSTRAP=host:port to use an existing broker instead" >&2
+        exit 2
+    fi
+}
+
+# ---------------------------------------------------------------- jars
+
+resolve_jars() {
+    # lib/ is only complete once the marker exists, so an interrupted copy is redone.
+    local version="${SLUICE_KAFKA_VERSION:-}"
+    local marker="$LIB_DIR/.resolved"
+    if [[ -f "$marker" && ( -z "$version" || "$(cat "$marker")" == "$version" ) ]]; then
+        return 0
+    fi
+    need_tool mvn "needed once to fetch the Kafka jars from Maven Central into deploy/kafka/lib"
+    echo "kafka.sh: resolving Kafka jars with Maven into $LIB_DIR ..." >&2
+    rm -rf "$LIB_DIR"
+    local args=(-q -f "$SCRIPT_DIR/pom.xml" dependency:copy-dependencies)
+    [[ -n "$version" ]] && args+=("-Dkafka.version=$version")
+    mvn "${args[@]}" >&2 || die "mvn could not resolve the Kafka jars (see the Maven output above)"
+    echo "${version:-default}" >"$marker"
+}
+
+# ---------------------------------------------------------------- run directory state
+
+node_dir() { echo "$RUN_DIR/node-$1"; }
+
+load_cluster() {
+    [[ -f "$RUN_DIR/cluster.env" ]] || die "no cluster in $RUN_DIR (run 'kafka.sh start' first)"
+    # shellcheck disable=SC1091
+    source "$RUN_DIR/cluster.env"
+}
+
+# Prints the PID of node N if it is alive and is the broker this run directory started.
+node_pid() {
+    local pidfile pid
+    pidfile="$(node_dir "$1")/pid"
+    [[ -f "$pidfile" ]] || return 1
+    pid="$(cat "$pidfile")"
+    [[ "$pid" =~ ^[0-9]+$ && -r "/proc/$pid/cmdline" ]] || return 1
+    tr '\0' ' ' <"/proc/$pid/cmdline" | grep -qF "kafka.Kafka $(node_dir "$1")/server.properties" || return 1
+    echo "$pid"
+}
+
+# True while PID runs (a zombie no longer counts: it only waits for its parent to reap it).
+alive() { [[ -r "/proc/$1/stat" && "$(cut -d' ' -f3 "/proc/$1/stat" 2>/dev/null)" != Z ]]; }
+
+port_in_use() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+log_tails() {  # log_tails NODE... : the end of each node's logs, for error messages
+    local n
+    for n in "$@"; do
+        echo "---- node $n: $(node_dir "$n")/server.log (last 25 lines)"
+        tail -n 25 "$(node_dir "$n")/server.log" 2>/dev/null || true
+        echo "---- node $n: stdout.log (last 10 lines)"
+        tail -n 10 "$(node_dir "$n")/stdout.log" 2>/dev/null || true
+    done
+}
+
+# ---------------------------------------------------------------- configuration
+
+write_server_properties() {  # write_server_properties NODE
+    local n="$1" dir voters="" i
+    dir="$(node_dir "$n")"
+    for ((i = 1; i <= NODES; i++)); do
+        voters+="${voters:+,}$i@127.0.0.1:$((CONTROLLER_PORT + i - 1))"
+    done
+    local rf=$((NODES >= 3 ? 3 : NODES))
+    local min_isr=$((rf >= 3 ? 2 : 1))  # with 3 replicas, acks=all survives one lost node
+    cat >"$dir/server.properties" <<EOF
+# Written by kafka.sh for a $NODES-node loopback cluster; regenerated by every 'start'.
+process.roles=broker,controller
+node.id=$n
+# Static quorum: storage is formatted without --standalone.
+controller.quorum.voters=$voters
+listeners=PLAINTEXT://127.0.0.1:$((PORT + n - 1)),CONTROLLER://127.0.0.1:$((CONTROLLER_PORT + n - 1))
+advertised.listeners=PLAINTEXT://127.0.0.1:$((PORT + n - 1))
+controller.listener.names=CONTROLLER
+inter.broker.listener.name=PLAINTEXT
+listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT
+log.dirs=$dir/data
+
+# Tests create their topics with the AdminClient; a typo must fail, not create a topic.
+auto.create.topics.enable=false
+num.partitions=1
+default.replication.factor=$rf
+min.insync.replicas=$min_isr
+offsets.topic.replication.factor=$rf
+# Fewer internal partitions: the first group / transaction is much faster to set up on 2 cores.
+offsets.topic.num.partitions=5
+transaction.state.log.replication.factor=$rf
+transaction.state.log.min.isr=$min_isr
+transaction.state.log.num.partitions=5
+share.coordinator.state.topic.replication.factor=$rf
+share.coordinator.state.topic.min.isr=$min_isr
+# Consumers in tests join at once; do not wait 3 s for more members.
+group.initial.rebalance.delay.ms=0
+# A killed node is fenced (and its partitions fail over) after 3 s instead of 9 s.
+broker.session.timeout.ms=3000
+broker.heartbeat.interval.ms=500
+
+# Small machine: few threads, a tiny log-cleaner buffer (its minimum is just over 1 MiB).
+num.network.threads=2
+num.io.threads=4
+background.threads=4
+num.replica.fetchers=1
+log.cleaner.threads=1
+log.cleaner.dedupe.buffer.size=1048577
+EOF
+}
+
+random_cluster_id() {
+    # A Kafka Uuid is 16 random bytes in URL-safe base64 without padding; Kafka avoids a leading '-'.
+    local id
+    while :; do
+        id="$(head -c 16 /dev/urandom | base64 | tr '+/' '-_' | tr -d '=\n')"
+        [[ "$id" != -* ]] && { echo "$id"; return; }
+    done
+}
+
+# ---------------------------------------------------------------- processes
+
+launch_node() {  # launch_node NODE : starts the JVM in its own session and records its PID
+    local n="$1" dir
+    dir="$(node_dir "$n")"
+    # Readiness looks for the startup line only past this offset: after a restart the old line is stale.
+    if [[ -f "$dir/server.log" ]]; then wc -c <"$dir/server.log" >"$dir/log_offset"; else echo 0 >"$dir/log_offset"; fi
+    : >"$dir/stdout.log"
+    # setsid: the broker survives the shell that started it and ignores the caller's Ctrl-C;
+    # it is stopped by 'stop' through the PID recorded here.
+    setsid java -Xms"${HEAP_MB}m" -Xmx"${HEAP_MB}m" -XX:+UseG1GC -XX:MaxGCPauseMillis=20 \
+        -XX:+ExitOnOutOfMemoryError -Djava.awt.headless=true \
+        -Dlog4j2.configurationFile="$SCRIPT_DIR/log4j2.properties" -Dkafka.logs.dir="$dir" \
+        -cp "$LIB_DIR/*" kafka.Kafka "$dir/server.properties" \
+        </dev/null >>"$dir/stdout.log" 2>&1 &
+    echo $! >"$dir/pid"
+}
+
+find_python() {
+    local py
+    for py in "${SLUICE_PYTHON:-}" "$SCRIPT_DIR/../../.venv/bin/python" python3; do
+        [[ -n "$py" ]] || continue
+        command -v "$py" >/dev/null 2>&1 || continue
+        "$py" -c 'import confluent_kafka' >/dev/null 2>&1 && { echo "$py"; return 0; }
+    done
+    return 1
+}
+
+# wait_ready TIMEOUT_S NODE... : until each listed node is unfenced and serves requests (see
+# wait_ready.py); fails early if one of their processes exits.
+wait_ready() {
+    local timeout_s="$1"; shift
+    local args=() n py
+    for n in "$@"; do
+        args+=("$n:$(cat "$(node_dir "$n")/pid"):$(node_dir "$n")/server.log:$(cat "$(node_dir "$n")/log_offset")")
+    done
+    if py="$(find_python)"; then
+        "$py" "$SCRIPT_DIR/wait_ready.py" "$BOOTSTRAP" "$timeout_s" "${args[@]}"
+        return
+    fi
+    # No Python with confluent_kafka: rely on the broker's own "started" log line.
+    echo "kafka.sh: no python with confluent_kafka (set SLUICE_PYTHON); waiting for the startup log line only" >&2
+    local deadline=$((SECONDS + ${timeout_s%.*})) pending dir
+    while ((SECONDS < deadline)); do
+        pending=0
+        for n in "$@"; do
+            dir="$(node_dir "$n")"
+            node_pid "$n" >/dev/null || { echo "node $n exited during startup" >&2; return 1; }
+            tail -c +"$(($(cat "$dir/log_offset") + 1))" "$dir/server.log" 2>/dev/null |
+                grep -q "Kafka Server started" || pending=1
+        done
+        ((pending == 0)) && return 0
+        sleep 0.3
+    done
+    echo "not ready after ${timeout_s}s" >&2
+    return 1
+}
+
+# signal_and_wait SIGNAL TIMEOUT_S NODE... : signals the recorded nodes, SIGKILLs any left at timeout.
+signal_and_wait() {
+    local sig="$1" timeout_s="$2"; shift 2
+    local n pid pids=() deadline
+    for n in "$@"; do
+        if pid="$(node_pid "$n")"; then kill "-$sig" "$pid" 2>/dev/null || true; pids+=("$pid"); fi
+    done
+    deadline=$((SECONDS + timeout_s))
+    for pid in "${pids[@]}"; do
+        while alive "$pid" && ((SECONDS < deadline)); do sleep 0.1; done
+    done
+    for n in "$@"; do
+        if pid="$(node_pid "$n")"; then
+            echo "kafka.sh: node $n (pid $pid) still running after ${timeout_s}s; sending SIGKILL" >&2
+            kill -KILL "$pid" 2>/dev/null || true
+            while alive "$pid"; do sleep 0.1; done
+        fi
+        rm -f "$(node_dir "$n")/pid"
+    done
+}
+
+all_nodes() { seq 1 "$NODES"; }
+
+# ---------------------------------------------------------------- commands
+
+cmd_start() {
+    need_tool java "the Kafka broker runs on a Java 17+ runtime"
+    [[ "$NODES" =~ ^[1-9]$ ]] || die "--nodes must be between 1 and 9 (got '$NODES')"
+    [[ "$PORT" =~ ^[0-9]+$ ]] || die "--port must be a number (got '$PORT')"
+    CONTROLLER_PORT="${CONTROLLER_PORT:-$((PORT + 100))}"
+    HEAP_MB="${HEAP_MB:-${SLUICE_KAFKA_HEAP_MB:-512}}"
+    local d
+    for d in "$RUN_DIR"/node-*; do
+        [[ -d "$d" ]] && node_pid "${d##*/node-}" >/dev/null &&
+            die "a cluster is already running in $RUN_DIR (run 'kafka.sh stop --dir $RUN_DIR' first)"
+    done
+    resolve_jars
+    local i p
+    for ((i = 0; i < NODES; i++)); do
+        for p in $((PORT + i)) $((CONTROLLER_PORT + i)); do
+            port_in_use "$p" && die "port $p on 127.0.0.1 is already in use (choose another with --port / --controller-port)"
+        done
+    done
+
+    BOOTSTRAP=""
+    for ((i = 0; i < NODES; i++)); do BOOTSTRAP+="${BOOTSTRAP:+,}127.0.0.1:$((PORT + i))"; done
+    local cluster_id
+    cluster_id="$(random_cluster_id)"
+    rm -rf "$RUN_DIR"/node-*
+    cat >"$RUN_DIR/cluster.env" <<EOF
+NODES=$NODES
+PORT=$PORT
+CONTROLLER_PORT=$CONTROLLER_PORT
+HEAP_MB=$HEAP_MB
+CLUSTER_ID=$cluster_id
+BOOTSTRAP=$BOOTSTRAP
+EOF
+    local n fmt_pids=()
+    for n in $(all_nodes); do
+        mkdir -p "$(node_dir "$n")"
+        write_server_properties "$n"
+        # Formatting is a short JVM run per node; run them side by side.
+        java -Xmx256m -Dlog4j2.configurationFile="$SCRIPT_DIR/log4j2.properties" -Dkafka.logs.dir="$(node_dir "$n")" \
+            -cp "$LIB_DIR/*" kafka.tools.StorageTool format -t "$cluster_id" -c "$(node_dir "$n")/server.properties" \
+            >"$(node_dir "$n")/format.log" 2>&1 &
+        fmt_pids+=($!)
+    done
+    local k=0
+    for n in $(all_nodes); do
+        wait "${fmt_pids[$k]}" || die "formatting node $n failed: $(tail -n 5 "$(node_dir "$n")/format.log" | tr '\n' ' ')"
+        k=$((k + 1))
+    done
+    for n in $(all_nodes); do launch_node "$n"; done
+    local err
+    if ! err="$(wait_ready "$TIMEOUT_S" $(all_nodes) 2>&1)"; then
+        local tails
+        tails="$(log_tails $(all_nodes))"
+        signal_and_wait KILL 10 $(all_nodes)
+        die "cluster in $RUN_DIR did not become ready: $err
+$tails"
+    fi
+    echo "$BOOTSTRAP"
+}
+
+cmd_stop() {
+    [[ -f "$RUN_DIR/cluster.env" ]] || { echo "kafka.sh: no cluster in $RUN_DIR; nothing to stop" >&2; return 0; }
+    load_cluster
+    signal_and_wait TERM "$STOP_TIMEOUT_S" $(all_nodes)
+}
+
+cmd_status() {
+    load_cluster
+    local n pid down=0
+    for n in $(all_nodes); do
+        if pid="$(node_pid "$n")"; then
+            echo "node $n: running (pid $pid, 127.0.0.1:$((PORT + n - 1)))"
+        else
+            echo "node $n: stopped"
+            down=1
+        fi
+    done
+    return "$down"
+}
+
+check_node_arg() {
+    [[ "$NODE_ARG" =~ ^[0-9]+$ ]] && ((NODE_ARG >= 1 && NODE_ARG <= NODES)) ||
+        die "node must be between 1 and $NODES (got '${NODE_ARG}')"
+}
+
+cmd_kill_node() {
+    load_cluster
+    check_node_arg
+    [[ "$SIGNAL" == KILL || "$SIGNAL" == TERM ]] || die "--signal must be KILL or TERM (got '$SIGNAL')"
+    node_pid "$NODE_ARG" >/dev/null || die "node $NODE_ARG is not running"
+    signal_and_wait "$SIGNAL" "$STOP_TIMEOUT_S" "$NODE_ARG"
+}
+
+cmd_start_node() {
+    need_tool java "the Kafka broker runs on a Java 17+ runtime"
+    load_cluster
+    check_node_arg
+    node_pid "$NODE_ARG" >/dev/null && die "node $NODE_ARG is already running"
+    launch_node "$NODE_ARG"
+    local err
+    if ! err="$(wait_ready "$TIMEOUT_S" "$NODE_ARG" 2>&1)"; then
+        local tails
+        tails="$(log_tails "$NODE_ARG")"
+        signal_and_wait KILL 10 "$NODE_ARG"
+        die "node $NODE_ARG did not come back: $err
+$tails"
+    fi
+    echo "$BOOTSTRAP"
+}
+
+# ---------------------------------------------------------------- arguments
+
+COMMAND="${1:-}"
+[[ -n "$COMMAND" ]] || { echo "$HELP_TEXT" >&2; exit 2; }
+shift
+case "$COMMAND" in -h | --help | help) echo "$HELP_TEXT"; exit 0 ;; esac
+
+RUN_DIR="${SLUICE_KAFKA_DIR:-$SCRIPT_DIR/run}"
+PORT=9092 NODES=1 CONTROLLER_PORT="" HEAP_MB="" TIMEOUT_S=120 STOP_TIMEOUT_S=30 SIGNAL=KILL NODE_ARG=""
+if [[ "$COMMAND" == kill-node || "$COMMAND" == start-node ]]; then
+    NODE_ARG="${1:-}"
+    [[ -n "$NODE_ARG" ]] || die "$COMMAND needs a node number"
+    shift
+fi
+while (($#)); do
+    case "$1" in
+        --port) PORT="${2:?--port needs a value}"; shift 2 ;;
+        --nodes) NODES="${2:?--nodes needs a value}"; shift 2 ;;
+        --dir) RUN_DIR="${2:?--dir needs a value}"; shift 2 ;;
+        --controller-port) CONTROLLER_PORT="${2:?--controller-port needs a value}"; shift 2 ;;
+        --heap-mb) HEAP_MB="${2:?--heap-mb needs a value}"; shift 2 ;;
+        --signal) SIGNAL="${2:?--signal needs a value}"; shift 2 ;;
+        --timeout)
+            TIMEOUT_S="${2:?--timeout needs a value}"; STOP_TIMEOUT_S="$TIMEOUT_S"; shift 2 ;;
+        -h | --help) echo "$HELP_TEXT"; exit 0 ;;
+        *) die "unknown option '$1' for '$COMMAND' (see kafka.sh --help)" ;;
+    esac
+done
+if [[ "$COMMAND" == start ]]; then
+    mkdir -p "$RUN_DIR" 2>/dev/null || die "cannot create run directory $RUN_DIR"
+fi
+# Absolute, so the recorded command lines (and the PID checks against them) do not depend on the cwd.
+if [[ -d "$RUN_DIR" ]]; then RUN_DIR="$(cd "$RUN_DIR" && pwd)"; fi
+
+case "$COMMAND" in
+    start) cmd_start ;;
+    stop) cmd_stop ;;
+    status) cmd_status ;;
+    kill-node) cmd_kill_node ;;
+    start-node) cmd_start_node ;;
+    bootstrap) load_cluster; echo "$BOOTSTRAP" ;;
+    *) die "unknown command '$COMMAND' (see kafka.sh --help)" ;;
+esac

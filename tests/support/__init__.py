@@ -1,0 +1,1 @@
+"""Helpers shared by the test suite (not part of the sluice package)."""
