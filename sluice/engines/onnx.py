@@ -16,7 +16,6 @@ onnxruntime is imported in ``start``, never at module import.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -24,6 +23,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from sluice.engines import onnx_providers
 from sluice.engines.base import BatchEngine, EngineContext, EngineStartError, RecordError
 from sluice.engines.raw_task import RawTask
 from sluice.engines.registry import EngineType
@@ -36,14 +36,6 @@ from sluice.engines.text_embedding import (
     pad_batch,
 )
 
-log = logging.getLogger(__name__)
-
-PROVIDER_SHORT_NAMES = {
-    "tensorrt": "TensorrtExecutionProvider",
-    "cuda": "CUDAExecutionProvider",
-    "cpu": "CPUExecutionProvider",
-}
-_GPU_PROVIDERS = ("TensorrtExecutionProvider", "CUDAExecutionProvider")
 _EMBEDDING_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 _TOKEN_OUTPUTS = ("last_hidden_state", "token_embeddings")  # (batch, tokens, dim): pooled here
 _POOLED_OUTPUTS = ("sentence_embedding", "pooler_output_mean")  # (batch, dim): pooled in the graph
@@ -57,7 +49,7 @@ class OnnxOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     model: str = Field(min_length=1)  # a known model name, a .onnx file, or a directory with model.onnx
-    providers: list[str] = Field(default_factory=lambda: list(PROVIDER_SHORT_NAMES.values()), min_length=1)
+    providers: list[str] = Field(default_factory=lambda: list(onnx_providers.DEFAULT_PROVIDERS), min_length=1)
     intra_op_num_threads: int | None = Field(default=None, ge=0)  # None/0: onnxruntime's default
     inter_op_num_threads: int | None = Field(default=None, ge=0)
     task: Literal["text-embedding", "raw"] = "text-embedding"
@@ -70,16 +62,7 @@ class OnnxOptions(BaseModel):
     @field_validator("providers")
     @classmethod
     def _full_provider_names(cls, names: list[str]) -> list[str]:
-        full = []
-        for name in names:
-            if name.lower() in PROVIDER_SHORT_NAMES:
-                full.append(PROVIDER_SHORT_NAMES[name.lower()])
-            elif name.endswith("ExecutionProvider"):
-                full.append(name)  # checked against the installed onnxruntime in start()
-            else:
-                raise ValueError(f"unknown provider {name!r}; expected one of {sorted(PROVIDER_SHORT_NAMES)} "
-                                 "or a full onnxruntime name such as 'CUDAExecutionProvider'")
-        return full
+        return [onnx_providers.full_name(name) for name in names]
 
     @model_validator(mode="after")
     def _inputs_match_task(self) -> OnnxOptions:
@@ -112,7 +95,7 @@ class OnnxEngine(BatchEngine):
         import onnxruntime as ort
 
         model_file = self._model_file()
-        providers = self._available_providers(ort)
+        providers = onnx_providers.available_providers(ort, self.options.providers)
         session_options = ort.SessionOptions()
         session_options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         if self.options.intra_op_num_threads is not None:
@@ -120,16 +103,17 @@ class OnnxEngine(BatchEngine):
         if self.options.inter_op_num_threads is not None:
             session_options.inter_op_num_threads = self.options.inter_op_num_threads
         try:
-            session = ort.InferenceSession(str(model_file), sess_options=session_options, providers=providers)
+            session = ort.InferenceSession(str(model_file), sess_options=session_options,
+                                           providers=onnx_providers.with_options(
+                                               providers, model_file, max_batch_size=self.context.max_batch_size,
+                                               max_length=self.options.max_length,
+                                               token_inputs=self.options.task == "text-embedding"))
         except Exception as err:  # onnxruntime raises its own exception types for bad files
             raise EngineStartError(f"cannot load ONNX model {model_file}: {_first_line(err)}") from None
         self.providers_used = list(session.get_providers())
-        for name in providers:
-            if name not in self.providers_used:
-                log.warning("onnx engine: %s is in this onnxruntime build but failed to initialise "
-                            "(no usable GPU, or CUDA/cuDNN/TensorRT libraries missing); skipped", name)
+        onnx_providers.warn_uninitialised(providers, self.providers_used)
         self._session = session
-        self._use_io_binding = self.providers_used[0] in _GPU_PROVIDERS
+        self._use_io_binding = self.providers_used[0] in onnx_providers.GPU_PROVIDERS
         self._feed_types = {i.name: _NUMPY_TYPES.get(i.type, np.float32) for i in session.get_inputs()}
 
         if self.options.task == "text-embedding":
@@ -201,25 +185,6 @@ class OnnxEngine(BatchEngine):
             if not path.is_file():
                 raise EngineStartError(f"no model.onnx in {path.parent}; point 'model' at a .onnx file")
         return path
-
-    def _available_providers(self, ort: Any) -> list[str]:
-        known = set(ort.get_all_providers())
-        built_in = set(ort.get_available_providers())
-        chosen = []
-        for name in self.options.providers:
-            if name not in known:
-                raise EngineStartError(f"unknown execution provider {name!r}; onnxruntime knows "
-                                       f"{', '.join(sorted(known))}")
-            if name in built_in:
-                chosen.append(name)
-            else:
-                log.warning("onnx engine: %s is not in this onnxruntime build (it has %s); skipped%s", name,
-                            ", ".join(sorted(built_in)),
-                            " -- install onnxruntime-gpu for GPU providers" if name in _GPU_PROVIDERS else "")
-        if not chosen:
-            raise EngineStartError(f"none of the providers {self.options.providers} is available in this "
-                                   f"onnxruntime build (it has {', '.join(sorted(built_in))})")
-        return chosen
 
     def _start_text_embedding(self, model_file: Path) -> None:
         inputs = list(self._feed_types)
