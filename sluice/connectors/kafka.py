@@ -9,6 +9,7 @@ operator turns into an offset-tracker acknowledgement.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable
 from typing import Any, cast
@@ -49,6 +50,7 @@ class KafkaSource:
         self._consumer = Consumer(conf)
         self._paused: set[TopicPartition] = set()
         self.assignment: set[TopicPartition] = set()
+        self._tps: dict[tuple[str, int], TopicPartition] = {}  # one object per partition, not per record
 
     def subscribe(self, on_assign: PartitionsCallback, on_revoke: PartitionsCallback,
                   on_lost: PartitionsCallback) -> None:
@@ -84,8 +86,18 @@ class KafkaSource:
             if err is not None:
                 self._on_error(err)
                 continue
-            records.append(_to_record(m, now))
+            records.append(self._to_record(m, now))
         return records
+
+    def _to_record(self, m: Message, now: float) -> InputRecord:
+        name = (cast(str, m.topic()), cast(int, m.partition()))
+        tp = self._tps.get(name)
+        if tp is None:
+            tp = self._tps[name] = TopicPartition(*name)
+        ts_type, ts = m.timestamp()
+        headers = cast("list[tuple[str, bytes]]", m.headers() or [])
+        return InputRecord(value=m.value(), key=m.key(), headers=headers, tp=tp, offset=cast(int, m.offset()),
+                           timestamp_ms=ts if ts_type else None, received_s=now)
 
     def store(self, watermarks: dict[TopicPartition, int]) -> None:
         """Store offsets (committed by the next auto-commit or :meth:`commit`)."""
@@ -138,14 +150,6 @@ class KafkaSource:
         log.warning("kafka consumer: %s", err.str())
 
 
-def _to_record(m: Message, now: float) -> InputRecord:
-    ts_type, ts = m.timestamp()
-    headers = cast("list[tuple[str, bytes]]", m.headers() or [])
-    return InputRecord(value=m.value(), key=m.key(), headers=headers,
-                       tp=TopicPartition(cast(str, m.topic()), cast(int, m.partition())),
-                       offset=cast(int, m.offset()), timestamp_ms=ts if ts_type else None, received_s=now)
-
-
 DeliveryCallback = Callable[[KafkaError | None, Message], None]
 
 
@@ -167,24 +171,34 @@ class KafkaSink:
         if cfg is not None:
             conf.update(cfg.config)
         self._producer = Producer(conf)
+        self._poller = threading.get_ident()  # the thread that serves delivery reports
 
     def produce(self, record: OutputRecord, on_delivery: DeliveryCallback) -> None:
+        """Queue one record; when the local queue is full, wait for room (this is backpressure).
+
+        Delivery reports are only ever served on the thread that calls :meth:`poll`: that thread serves
+        them while it waits here, any other thread just sleeps until the poller has made room.
+        """
         while True:
             try:
                 self._producer.produce(record.topic, value=record.value, key=record.key,
                                        headers=cast(Any, record.headers) or None, on_delivery=on_delivery)
                 return
             except BufferError:
-                # Local queue full: serve delivery reports until there is room (this is backpressure).
-                self._producer.poll(0.05)
+                if threading.get_ident() == self._poller:
+                    self._producer.poll(0.05)
+                else:
+                    time.sleep(0.005)
 
     def poll(self, timeout_s: float = 0) -> int:
         """Serve delivery callbacks; returns how many were served."""
+        self._poller = threading.get_ident()
         served: int = self._producer.poll(timeout_s)
         return served
 
     def flush(self, timeout_s: float) -> int:
         """Wait for outstanding deliveries; returns how many are still outstanding."""
+        self._poller = threading.get_ident()
         left: int = self._producer.flush(timeout_s)
         return left
 

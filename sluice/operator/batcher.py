@@ -26,7 +26,7 @@ Guarantees:
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -63,7 +63,27 @@ class _Entry(Generic[T]):
 @dataclass(slots=True)
 class _Bucket(Generic[T]):
     entries: deque[_Entry[T]] = field(default_factory=deque)
-    max_length: int = 0  # longest length ever added since the bucket was last empty (an upper bound)
+    # Entries whose length is larger than every later entry's, oldest first: maxima[0] is the longest
+    # entry in the bucket, kept exact in O(1) amortised per add / take (a monotonic queue).
+    maxima: deque[_Entry[T]] = field(default_factory=deque)
+
+    def append(self, entry: _Entry[T], track_max: bool) -> None:
+        self.entries.append(entry)
+        if track_max:
+            maxima = self.maxima
+            while maxima and maxima[-1].length <= entry.length:
+                maxima.pop()
+            maxima.append(entry)
+
+    def popleft(self) -> _Entry[T]:
+        entry = self.entries.popleft()
+        if self.maxima and self.maxima[0] is entry:
+            self.maxima.popleft()
+        return entry
+
+    @property
+    def max_length(self) -> int:
+        return self.maxima[0].length if self.maxima else 0
 
 
 class Batcher(Generic[T]):
@@ -80,15 +100,26 @@ class Batcher(Generic[T]):
 
     def add(self, item: T, now: float, length: int = 1) -> None:
         """Queue one item that arrived at ``now``; ``length`` is its size in tokens (>= 1)."""
-        length = max(1, length)
-        key = -(-length // self.policy.bucket_width) if self.policy.bucket_by_length else 0
-        bucket = self._buckets.get(key)
-        if bucket is None:
-            bucket = self._buckets[key] = _Bucket()
-        bucket.entries.append(_Entry(item, length, now + self.policy.max_queue_delay_s, self._seq))
-        bucket.max_length = max(bucket.max_length, length)
-        self._seq += 1
-        self._count += 1
+        self.add_many(((item, length),), now)
+
+    def add_many(self, items: Iterable[tuple[T, int]], now: float) -> None:
+        """Queue (item, length) pairs that all arrived at ``now``, in order (one call per poll: cheaper)."""
+        p = self.policy
+        deadline = now + p.max_queue_delay_s
+        width = p.bucket_width if p.bucket_by_length else 0
+        track_max = p.max_batch_tokens is not None  # only a token budget needs each bucket's longest
+        buckets = self._buckets
+        seq = self._seq
+        for item, length in items:
+            length = length if length > 1 else 1
+            key = -(-length // width) if width else 0
+            bucket = buckets.get(key)
+            if bucket is None:
+                bucket = buckets[key] = _Bucket()
+            bucket.append(_Entry(item, length, deadline, seq), track_max)
+            seq += 1
+        self._count += seq - self._seq
+        self._seq = seq
 
     def next_deadline(self) -> float | None:
         """The earliest time at which a batch becomes due by time, or None when empty."""
@@ -117,12 +148,15 @@ class Batcher(Generic[T]):
         """Remove and return every queued item for which ``predicate`` holds (e.g. revoked partitions)."""
         removed: list[T] = []
         for key in list(self._buckets):
-            bucket = self._buckets[key]
-            kept = deque(e for e in bucket.entries if not predicate(e.item))
-            removed.extend(e.item for e in bucket.entries if predicate(e.item))
-            bucket.entries = kept
-            if not kept:
-                del self._buckets[key]
+            old = self._buckets.pop(key)
+            kept: _Bucket[T] = _Bucket()
+            for e in old.entries:
+                if predicate(e.item):
+                    removed.append(e.item)
+                else:
+                    kept.append(e, self.policy.max_batch_tokens is not None)
+            if kept.entries:
+                self._buckets[key] = kept
         self._count -= len(removed)
         return removed
 
@@ -162,14 +196,11 @@ class Batcher(Generic[T]):
                 new_longest = max(longest, entry.length)
                 if batch and p.max_batch_tokens is not None and (len(batch) + 1) * new_longest > p.max_batch_tokens:
                     break
-                batch.append(bucket.entries.popleft())
+                batch.append(bucket.popleft())
                 longest = new_longest
             if not bucket.entries:
                 del self._buckets[k]
             if len(batch) >= p.max_batch_size:
                 break
         self._count -= len(batch)
-        for k in order:  # keep the padded-length bound tight after removals
-            if k in self._buckets:
-                self._buckets[k].max_length = max(e.length for e in self._buckets[k].entries)
         return [e.item for e in batch]

@@ -3,6 +3,8 @@ headers that say why and where it came from (named like Kafka Connect's ``__conn
 
 from __future__ import annotations
 
+import functools
+
 from sluice.operator.record import InputRecord, OutputRecord
 
 HEADER_PREFIX = "sluice.error."
@@ -32,7 +34,10 @@ def dead_letter(record: InputRecord, topic: str, stage: str, error: BaseExceptio
 
 def source_headers(record: InputRecord) -> list[tuple[str, bytes]]:
     """The input's headers plus where the input came from."""
-    return [*record.headers,
-            (SOURCE_TOPIC, record.tp.topic.encode()),
-            (SOURCE_PARTITION, str(record.tp.partition).encode()),
+    return [*record.headers, *_partition_headers(record.tp.topic, record.tp.partition),
             (SOURCE_OFFSET, str(record.offset).encode())]
+
+
+@functools.lru_cache(maxsize=4096)
+def _partition_headers(topic: str, partition: int) -> tuple[tuple[str, bytes], ...]:
+    return (SOURCE_TOPIC, topic.encode()), (SOURCE_PARTITION, str(partition).encode())

@@ -1,11 +1,11 @@
 """Per-partition watermark of completed input offsets: the only offsets that may be committed.
 
-Pure bookkeeping, no I/O. The runner calls, for each input record, in this order:
+Pure bookkeeping, no I/O. The runner calls, for each input record:
 
-1. ``track(tp, offset)``   -- when the record is polled. It now holds one "processing" reference.
-2. ``expect(tp, offset)``  -- once per output (or dead-letter record) it is about to produce.
-3. ``ack(tp, offset)``     -- once per successful delivery report, and once when processing is over
-                              (which drops the processing reference).
+1. ``track(tp, offset)``  -- when the record is polled; it holds one reference from then on;
+2. ``expect(tp, offset)`` -- optionally, to add references (e.g. one per extra output);
+3. ``ack(tp, offset)``    -- once per reference: the runner acks when every output (or dead-letter record)
+                             made from the record has a successful delivery report.
 
 A record is *done* when all of its references are acknowledged. ``committable(tp)`` is the offset after the
 longest run of done records at the start of the partition's outstanding offsets -- the Kafka convention
@@ -16,6 +16,7 @@ crash re-processes at most what was in flight: that is the at-least-once guarant
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from sluice.operator.record import TopicPartition
@@ -52,6 +53,11 @@ class OffsetTracker:
         state.order.append(offset)
         self._num_outstanding += 1
 
+    def track_many(self, records: Iterable[tuple[TopicPartition, int]]) -> None:
+        """``track`` for each (partition, offset), in order."""
+        for tp, offset in records:
+            self.track(tp, offset)
+
     def expect(self, tp: TopicPartition, offset: int, count: int = 1) -> None:
         self._parts[tp].outstanding[offset] += count
 
@@ -68,6 +74,11 @@ class OffsetTracker:
         order = state.order
         while order and order[0] not in state.outstanding:
             state.watermark = order.popleft() + 1
+
+    def ack_many(self, records: Iterable[tuple[TopicPartition, int]]) -> None:
+        """``ack`` for each (partition, offset)."""
+        for tp, offset in records:
+            self.ack(tp, offset)
 
     def committable(self, tp: TopicPartition) -> int | None:
         state = self._parts.get(tp)

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 Headers = list[tuple[str, bytes]]
 
 
-@dataclass(frozen=True, slots=True)
-class TopicPartition:
+class TopicPartition(NamedTuple):
+    """A partition of a topic. A tuple, so hashing it (per record, in the offset tracker) runs in C."""
+
     topic: str
     partition: int
 

@@ -1,0 +1,149 @@
+"""Operator overhead: topic-to-topic records/s with a no-op engine, beside a plain confluent-kafka loop.
+
+Same broker, same input topic, same records, one run. Throughput is measured on the output topic, from the
+first to the last output record's produce timestamp, so group-join time does not count for anyone. CPU time
+per record (this process, librdkafka's threads included) is printed too: on a busy machine it is the
+steadier measure.
+
+    python bench/operator_overhead.py [--records 200000] [--bootstrap HOST:PORT]
+
+Without --bootstrap (or SLUICE_KAFKA_BOOTSTRAP) a single-node broker is started in a temp dir.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from confluent_kafka import Consumer, Producer  # noqa: E402
+
+from sluice.config import parse_pipeline  # noqa: E402
+from sluice.operator.build import build_runner  # noqa: E402
+from tests.support.kafka import KafkaCluster, create_topic, produce, unique_topic  # noqa: E402
+
+RESULTS = ROOT / "bench" / "results"
+
+
+def output_rate(bootstrap: str, topic: str, n: int) -> float:
+    """records/s between the first and the last output's produce timestamp (all partitions)."""
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": unique_topic("bench-read"),
+                  "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    c.subscribe([topic])
+    stamps: list[int] = []
+    deadline = time.monotonic() + 120
+    while len(stamps) < n and time.monotonic() < deadline:
+        for m in c.consume(10_000, 0.5):
+            if m.error() is None:
+                stamps.append(m.timestamp()[1])
+    c.close()
+    if len(stamps) < n:
+        raise RuntimeError(f"only {len(stamps)} of {n} outputs arrived on {topic}")
+    span_s = max(1e-3, (max(stamps) - min(stamps)) / 1000)
+    return n / span_s
+
+
+def plain_loop(bootstrap: str, topic_in: str, topic_out: str, n: int) -> None:
+    """What most teams write first: poll, decode, call the model per record, encode, produce."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": unique_topic("plain"),
+                         "auto.offset.reset": "earliest"})
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all",
+                         "linger.ms": 5, "queue.buffering.max.messages": 500_000})
+    consumer.subscribe([topic_in])
+    done = 0
+    while done < n:
+        for m in consumer.consume(500, 0.05):
+            if m.error() is not None:
+                continue
+            doc = json.loads(m.value())
+            doc["result"] = doc["text"]  # the no-op model
+            while True:
+                try:
+                    producer.produce(topic_out, json.dumps(doc).encode(), key=m.key())
+                    break
+                except BufferError:
+                    producer.poll(0.05)
+            done += 1
+        producer.poll(0)
+    producer.flush(60)
+    consumer.close()
+
+
+def sluice_run(bootstrap: str, topic_in: str, topic_out: str, n: int, batch: int) -> None:
+    text = f"""
+source: {{kafka: {{bootstrap_servers: "{bootstrap}", topics: [{topic_in}], group_id: {unique_topic("sluice")}}}}}
+codec: {{format: json, input_field: text}}
+batching: {{max_batch_size: {batch}, max_queue_delay_ms: 5}}
+engine: {{type: python, function: "examples.functions.text:noop"}}
+sink: {{kafka: {{topic: {topic_out}}}, output: {{field: result}}}}
+dead_letter: {{topic: {topic_out}.dlq}}
+runtime: {{max_in_flight: 20000}}
+"""
+    loaded = parse_pipeline(text, base_dir=ROOT)
+    runner, engine = build_runner(loaded, max_records=n)
+    summary = runner.run()
+    engine.close()
+    if summary.error or summary.num_out != n:
+        raise RuntimeError(f"sluice run failed: {summary}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--records", type=int, default=200_000)
+    parser.add_argument("--bootstrap", default=os.environ.get("SLUICE_KAFKA_BOOTSTRAP"))
+    parser.add_argument("--batch-sizes", default="1,64,512")
+    args = parser.parse_args()
+    os.chdir(ROOT)
+    cluster = None
+    bootstrap = args.bootstrap
+    if not bootstrap:
+        cluster = KafkaCluster.start(Path(tempfile.mkdtemp(prefix="sluice-bench-kafka-")))
+        bootstrap = cluster.bootstrap
+    try:
+        n = args.records
+        topic_in = unique_topic("bench-in")
+        create_topic(bootstrap, topic_in, 3)
+        print(f"producing {n} records to {topic_in} ...", file=sys.stderr)
+        produce(bootstrap, topic_in, ((f"k{i % 1000}", json.dumps({"seq": i, "text": f"review text {i}"}))
+                                      for i in range(n)), timeout_s=120)
+        rows = []
+        contenders = [("plain confluent-kafka loop", None)] + [(f"sluice batch {b}", int(b))
+                                                                for b in args.batch_sizes.split(",")]
+        for name, batch in contenders:
+            topic_out = unique_topic("bench-out")
+            create_topic(bootstrap, topic_out, 3)
+            create_topic(bootstrap, topic_out + ".dlq", 1)
+            print(f"running {name} ...", file=sys.stderr)
+            cpu_s = time.process_time()  # this process, librdkafka's threads included
+            if batch is None:
+                plain_loop(bootstrap, topic_in, topic_out, n)
+            else:
+                sluice_run(bootstrap, topic_in, topic_out, n, batch)
+            cpu_us = (time.process_time() - cpu_s) / n * 1e6
+            rows.append({"contender": name, "batch": batch, "records_per_s": output_rate(bootstrap, topic_out, n),
+                         "cpu_us_per_record": cpu_us})
+        base = rows[0]["records_per_s"]
+        for row in rows:
+            row["ratio_vs_plain"] = row["records_per_s"] / base
+        lines = ["| contender | records/s | ratio vs plain loop | CPU µs / record |", "|---|---:|---:|---:|"]
+        lines += [f"| {r['contender']} | {r['records_per_s']:,.0f} | {r['ratio_vs_plain']:.2f} "
+                  f"| {r['cpu_us_per_record']:.1f} |" for r in rows]
+        table = "\n".join(lines)
+        print(table)
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        (RESULTS / "operator_overhead.json").write_text(json.dumps({"records": n, "rows": rows}, indent=2))
+        (RESULTS / "operator_overhead.md").write_text(f"{n:,} JSON records, 3 partitions, no-op engine\n\n{table}\n")
+    finally:
+        if cluster is not None:
+            cluster.stop()
+
+
+if __name__ == "__main__":
+    main()
