@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from unittest import mock
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -11,15 +13,18 @@ from sluice.engines.llm.kernels import reference, torch_ops
 from sluice.engines.llm.kernels.synthetic import LAYOUTS, Layout, make_batch
 
 TOLERANCES = {torch.float32: 2e-5, torch.float16: 4e-3}
+ONE_SEQ_PER_CHUNK = 1  # a CHUNK_BYTES that puts every sequence in a chunk of its own
 
 
+@pytest.mark.parametrize("chunk_bytes", [ONE_SEQ_PER_CHUNK, torch_ops.CHUNK_BYTES], ids=["chunk1", "chunkdefault"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
 @pytest.mark.parametrize("layout", LAYOUTS, ids=lambda layout: layout.name)
-def test_attention_matches_reference(layout: Layout, dtype: torch.dtype) -> None:
+def test_attention_matches_reference(layout: Layout, dtype: torch.dtype, chunk_bytes: int) -> None:
     batch = make_batch(layout, dtype=dtype)
-    expected = reference.paged_attention(*batch.args())
-    out = torch.full_like(batch.query, float("nan"))  # rows the op forgets to write stay NaN
-    got = torch_ops.paged_attention(*batch.args(), out=out)
+    with mock.patch.object(torch_ops, "CHUNK_BYTES", chunk_bytes):
+        expected = reference.paged_attention(*batch.args())
+        out = torch.full_like(batch.query, float("nan"))  # rows the op forgets to write stay NaN
+        got = torch_ops.paged_attention(*batch.args(), out=out)
     assert got is out and got.dtype == dtype
     tol = TOLERANCES[dtype]
     torch.testing.assert_close(got, expected, atol=tol, rtol=tol)
@@ -47,11 +52,13 @@ def _layouts(draw: st.DrawFn) -> Layout:
 
 
 @settings(max_examples=40, deadline=None)
-@given(layout=_layouts(), seed=st.integers(0, 2**16))
-def test_attention_matches_reference_on_random_ragged_layouts(layout: Layout, seed: int) -> None:
+@given(layout=_layouts(), seed=st.integers(0, 2**16), chunk_bytes=st.sampled_from([1, 100_000, 1 << 30]))
+def test_attention_matches_reference_on_random_ragged_layouts(layout: Layout, seed: int, chunk_bytes: int) -> None:
     batch = make_batch(layout, num_blocks=256, seed=seed)
     expected = reference.paged_attention(*batch.args())
-    torch.testing.assert_close(torch_ops.paged_attention(*batch.args()), expected, atol=2e-5, rtol=2e-5)
+    with mock.patch.object(torch_ops, "CHUNK_BYTES", chunk_bytes):
+        got = torch_ops.paged_attention(*batch.args())
+    torch.testing.assert_close(got, expected, atol=2e-5, rtol=2e-5)
 
 
 @pytest.mark.parametrize("slot_dtype", [torch.int32, torch.int64], ids=str)
