@@ -9,11 +9,13 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from tests.support.kafka import (
     KAFKA_SCRIPT,
     KafkaCluster,
+    committed_offsets,
     consume_all,
     create_topic,
     end_offsets,
@@ -66,6 +68,40 @@ def test_topics_are_not_auto_created(kafka_bootstrap: str) -> None:
     with pytest.raises(RuntimeError, match="undelivered|timed out"):
         produce(kafka_bootstrap, topic, [(b"k", b"v")], timeout_s=2)
     assert topic not in AdminClient({"bootstrap.servers": kafka_bootstrap}).list_topics(timeout=10).topics
+
+
+def test_transactions_commit_and_abort(kafka_bootstrap: str) -> None:
+    topic = unique_topic("script-txn")
+    create_topic(kafka_bootstrap, topic, partitions=1)
+    producer = Producer({"bootstrap.servers": kafka_bootstrap, "transactional.id": unique_topic("txn")})
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    producer.produce(topic, b"committed")
+    producer.commit_transaction(30)
+    producer.begin_transaction()
+    producer.produce(topic, b"aborted")
+    producer.flush(30)
+    producer.abort_transaction(30)
+
+    committed = consume_all(kafka_bootstrap, topic, isolation="read_committed")
+    everything = consume_all(kafka_bootstrap, topic, isolation="read_uncommitted")
+
+    assert [r.value for r in committed] == [b"committed"]
+    assert [r.value for r in everything] == [b"committed", b"aborted"]
+
+
+def test_committed_offsets_reads_what_a_group_committed(kafka_bootstrap: str) -> None:
+    topic, group = unique_topic("script-commit"), unique_topic("group")
+    create_topic(kafka_bootstrap, topic, partitions=2)
+    produce(kafka_bootstrap, topic, [(b"k", b"v")] * 10, partition=1)
+    consumer = Consumer({"bootstrap.servers": kafka_bootstrap, "group.id": group, "enable.auto.commit": False})
+    try:
+        consumer.commit(offsets=[TopicPartition(topic, 1, 7)], asynchronous=False)
+    finally:
+        consumer.close()
+
+    assert committed_offsets(kafka_bootstrap, group, topic) == {1: 7}  # partition 0: nothing committed
+    assert end_offsets(kafka_bootstrap, topic) == {0: 0, 1: 10}
 
 
 def test_start_without_java_explains_and_exits_2(tmp_path: Path) -> None:
