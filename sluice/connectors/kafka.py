@@ -19,7 +19,7 @@ from confluent_kafka import TopicPartition as KafkaTopicPartition
 
 from sluice.config import KafkaSink as KafkaSinkConfig
 from sluice.config import KafkaSource as KafkaSourceConfig
-from sluice.operator.record import InputRecord, OutputRecord, TopicPartition
+from sluice.operator.record import InputRecord, TopicPartition
 
 log = logging.getLogger(__name__)
 
@@ -96,8 +96,8 @@ class KafkaSource:
             tp = self._tps[name] = TopicPartition(*name)
         ts_type, ts = m.timestamp()
         headers = cast("list[tuple[str, bytes]]", m.headers() or [])
-        return InputRecord(value=m.value(), key=m.key(), headers=headers, tp=tp, offset=cast(int, m.offset()),
-                           timestamp_ms=ts if ts_type else None, received_s=now)
+        # positional: measurably cheaper than keywords, once per record
+        return InputRecord(m.value(), m.key(), headers, tp, cast(int, m.offset()), ts if ts_type else None, now)
 
     def store(self, watermarks: dict[TopicPartition, int]) -> None:
         """Store offsets (committed by the next auto-commit or :meth:`commit`)."""
@@ -173,7 +173,8 @@ class KafkaSink:
         self._producer = Producer(conf)
         self._poller = threading.get_ident()  # the thread that serves delivery reports
 
-    def produce(self, record: OutputRecord, on_delivery: DeliveryCallback) -> None:
+    def produce(self, topic: str, value: bytes | None, key: bytes | None, headers: list[tuple[str, bytes]],
+                on_delivery: DeliveryCallback) -> None:
         """Queue one record; when the local queue is full, wait for room (this is backpressure).
 
         Delivery reports are only ever served on the thread that calls :meth:`poll`: that thread serves
@@ -181,8 +182,8 @@ class KafkaSink:
         """
         while True:
             try:
-                self._producer.produce(record.topic, value=record.value, key=record.key,
-                                       headers=cast(Any, record.headers) or None, on_delivery=on_delivery)
+                self._producer.produce(topic, value, key, headers=cast(Any, headers) or None,
+                                       on_delivery=on_delivery)
                 return
             except BufferError:
                 if threading.get_ident() == self._poller:

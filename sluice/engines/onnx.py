@@ -18,10 +18,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from sluice.engines import onnx_providers
 from sluice.engines.base import BatchEngine, EngineContext, EngineStartError, RecordError
@@ -49,7 +49,9 @@ class OnnxOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     model: str = Field(min_length=1)  # a known model name, a .onnx file, or a directory with model.onnx
-    providers: list[str] = Field(default_factory=lambda: list(onnx_providers.DEFAULT_PROVIDERS), min_length=1)
+    # Tried in order; short names (cpu, cuda, tensorrt) become full onnxruntime names.
+    providers: list[Annotated[str, AfterValidator(onnx_providers.full_name)]] = Field(
+        default_factory=lambda: list(onnx_providers.DEFAULT_PROVIDERS), min_length=1)
     intra_op_num_threads: int | None = Field(default=None, ge=0)  # None/0: onnxruntime's default
     inter_op_num_threads: int | None = Field(default=None, ge=0)
     task: Literal["text-embedding", "raw"] = "text-embedding"
@@ -58,11 +60,6 @@ class OnnxOptions(BaseModel):
     normalize: bool = True  # text-embedding: L2-normalise the pooled vectors
     output_format: Literal["list", "base64"] = "list"  # base64: float32 little-endian bytes
     warmup: bool = True
-
-    @field_validator("providers")
-    @classmethod
-    def _full_provider_names(cls, names: list[str]) -> list[str]:
-        return [onnx_providers.full_name(name) for name in names]
 
     @model_validator(mode="after")
     def _inputs_match_task(self) -> OnnxOptions:

@@ -31,7 +31,7 @@ from sluice.operator.batcher import Batcher, BatchPolicy
 from sluice.operator.dead_letter import dead_letter, source_headers
 from sluice.operator.errors import Failed
 from sluice.operator.offsets import OffsetTracker
-from sluice.operator.record import InputRecord, OutputRecord, Pending, TopicPartition
+from sluice.operator.record import InputRecord, Pending, TopicPartition
 from sluice.operator.worker import EngineWorker, SharedState
 from sluice.schemas.codec import CodecError, RecordCodec
 
@@ -56,7 +56,8 @@ class Source(Protocol):
 
 
 class Sink(Protocol):
-    def produce(self, record: OutputRecord, on_delivery: Any) -> None: ...
+    def produce(self, topic: str, value: bytes | None, key: bytes | None, headers: list[tuple[str, bytes]],
+                on_delivery: Any) -> None: ...
     def poll(self, timeout_s: float = 0) -> int: ...
     def flush(self, timeout_s: float) -> int: ...
 
@@ -68,12 +69,11 @@ class _Delivery:
     thread: the engine thread never polls the producer), so ``left`` needs no lock.
     """
 
-    __slots__ = ("runner", "records", "outputs", "left", "num_dead_lettered")
+    __slots__ = ("runner", "records", "left", "num_dead_lettered")
 
-    def __init__(self, runner: Runner) -> None:
+    def __init__(self, runner: Runner, records: list[InputRecord]) -> None:
         self.runner = runner
-        self.records: list[InputRecord] = []
-        self.outputs: list[OutputRecord] = []
+        self.records = records  # the inputs whose outputs this delivery carries
         self.left = 0
         self.num_dead_lettered = 0
 
@@ -175,7 +175,7 @@ class Runner:
             s.tracker.track_many((r.tp, r.offset) for r in records)
         self.summary.num_in += len(records)
         decoded: list[tuple[InputRecord, Any, Any]] = []
-        rejected: list[tuple[InputRecord, str, BaseException]] = []
+        rejected: list[tuple[InputRecord, str, BaseException | None]] = []
         for r in records:
             try:
                 document, value = self.codec.decode(r.value)
@@ -186,10 +186,10 @@ class Runner:
         with s.cond:
             s.batcher.add_many(accepted, now)
             s.cond.notify_all()
-        self._emit([(r, None, stage, err) for r, stage, err in rejected])
+        self._produce([], [], rejected)
 
     def _prepare(self, decoded: list[tuple[InputRecord, Any, Any]],
-                 rejected: list[tuple[InputRecord, str, BaseException]]) -> list[tuple[Pending, int]]:
+                 rejected: list[tuple[InputRecord, str, BaseException | None]]) -> list[tuple[Pending, int]]:
         """Engine ``prepare`` for all records at once; one by one only when that fails."""
         engine = self.engine
         try:
@@ -213,46 +213,53 @@ class Runner:
 
     def _settle(self, batch: list[Pending], outcomes: list[object]) -> None:
         """Engine thread: encode each result and produce it (or its dead-letter record)."""
-        emits: list[tuple[InputRecord, OutputRecord | None, str, BaseException | None]] = []
+        codec, topic = self.codec, self.out_topic
+        keep_key = self.pipeline.sink.output.key == "input"
+        outputs: list[tuple[str, bytes | None, bytes | None, list[tuple[str, bytes]]]] = []
+        records: list[InputRecord] = []
+        failed: list[tuple[InputRecord, str, BaseException | None]] = []
         for pending, outcome in zip(batch, outcomes, strict=True):
             r = pending.record
             if isinstance(outcome, Failed):
-                emits.append((r, None, "infer", outcome.error))
+                failed.append((r, "infer", outcome.error))
                 continue
             try:
-                value = self.codec.encode(pending.document, outcome)
-                key = self.codec.output_key(pending.document, r.key)
+                value = codec.encode(pending.document, outcome)
+                key = r.key if keep_key else codec.output_key(pending.document, r.key)
             except CodecError as err:
-                emits.append((r, None, err.stage, err))
+                failed.append((r, err.stage, err))
                 continue
-            emits.append((r, OutputRecord(self.out_topic, value, key, source_headers(r)), "", None))
-        self._emit(emits)
+            outputs.append((topic, value, key, source_headers(r)))
+            records.append(r)
+        self._produce(records, outputs, failed)
 
-    def _emit(self, emits: list[tuple[InputRecord, OutputRecord | None, str, BaseException | None]]) -> None:
-        """Produce outputs and dead-letter records; their input offsets are acked once all are delivered."""
-        if not emits:
+    def _produce(self, records: list[InputRecord],
+                 outputs: list[tuple[str, bytes | None, bytes | None, list[tuple[str, bytes]]]],
+                 failed: list[tuple[InputRecord, str, BaseException | None]]) -> None:
+        """Produce outputs (one per record in ``records``) and dead-letter records for ``failed``; the inputs
+        are acked together once every one of them is delivered."""
+        delivery = _Delivery(self, records)
+        for r, stage, err in failed:
+            if self.dlq_topic is None:
+                self._fatal = (f"record {r.tp.topic}[{r.tp.partition}]@{r.offset} failed at {stage}: {err}; "
+                               "no dead_letter topic is configured, so the operator stops here without "
+                               "committing past it (configure dead_letter.topic to divert such records)")
+                continue  # never acked: the watermark stays before it
+            out = dead_letter(r, self.dlq_topic, stage, err or "unknown error")
+            log.debug("dead-lettering %s[%d]@%d at %s: %s", r.tp.topic, r.tp.partition, r.offset, stage, err)
+            records.append(r)
+            outputs.append((out.topic, out.value, out.key, out.headers))
+            delivery.num_dead_lettered += 1
+        if not outputs:
             return
-        delivery = _Delivery(self)
-        for r, out, stage, err in emits:
-            if out is None:
-                assert err is not None
-                if self.dlq_topic is None:
-                    self._fatal = (f"record {r.tp.topic}[{r.tp.partition}]@{r.offset} failed at {stage}: {err}; "
-                                   "no dead_letter topic is configured, so the operator stops here without "
-                                   "committing past it (configure dead_letter.topic to divert such records)")
-                    continue  # never acked: the watermark stays before it
-                out = dead_letter(r, self.dlq_topic, stage, err)
-                delivery.num_dead_lettered += 1
-                log.debug("dead-lettering %s[%d]@%d at %s: %s", r.tp.topic, r.tp.partition, r.offset, stage, err)
-            delivery.records.append(r)
-            delivery.outputs.append(out)
-        delivery.left = len(delivery.outputs)  # (2) set before the first produce can be reported
-        for out in delivery.outputs:
-            self.sink.produce(out, delivery)
+        delivery.left = len(outputs)  # (2) set before the first produce can be reported
+        produce = self.sink.produce
+        for topic, value, key, headers in outputs:
+            produce(topic, value, key, headers, delivery)
 
     def _delivered(self, delivery: _Delivery) -> None:
         """Main thread, from a delivery report: every output of ``delivery`` is on the broker."""
-        self.summary.num_out += len(delivery.outputs) - delivery.num_dead_lettered
+        self.summary.num_out += len(delivery.records) - delivery.num_dead_lettered
         self.summary.num_dead_lettered += delivery.num_dead_lettered
         with self.state.cond:
             self.state.tracker.ack_many((r.tp, r.offset) for r in delivery.records)  # (3)
