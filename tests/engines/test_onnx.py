@@ -29,7 +29,7 @@ def varied_texts(num_texts: int = 200, seed: int = 7) -> list[str]:
     texts = ["", "ok", "👍", "東京タワーはとても高いです。", "   spaced   out\n\tlines  ", "Ünïcödé ÀÉÎÕÜ ß"]
     while len(texts) < num_texts:
         # Skewed short, like reviews; every 40th text is 300+ words (truncated at 256 tokens).
-        num_words = rng.choice([320, 400]) if len(texts) % 40 == 0 else rng.choice([1, 2, 3, 5, 8, 13, 21, 40, 80])
+        num_words = rng.choice([320, 400]) if len(texts) % 40 == 0 else rng.choice([1, 2, 3, 5, 8, 13, 21, 40, 60])
         words = [rng.choice(_WORDS) for _ in range(num_words)]
         text = " ".join(words)
         texts.append(text.capitalize() + rng.choice([".", "!", "?", "", " 🎉"]))
