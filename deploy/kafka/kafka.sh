@@ -26,6 +26,9 @@ Commands:
         Stop node N (KILL = crash, TERM = controlled shutdown), keeping its data.
   start-node N [--dir DIR] [--timeout S]
         Restart node N of a running cluster on its old data and wait until it is back.
+  start ... --watch-pid PID
+        Also stop the cluster once process PID exits (test runners pass their own PID, so a
+        killed test run leaves no broker behind).
   bootstrap [--dir DIR]
         Print the bootstrap servers of the cluster in DIR.
 
@@ -58,9 +61,11 @@ resolve_jars() {
     need_tool mvn "needed once to fetch the Kafka jars from Maven Central into deploy/kafka/lib"
     echo "kafka.sh: resolving Kafka jars with Maven into $LIB_DIR ..." >&2
     rm -rf "$LIB_DIR"
-    local args=(-q -f "$SCRIPT_DIR/pom.xml" dependency:copy-dependencies)
+    # Full plugin coordinates: no plugin-prefix lookup, so a warm ~/.m2 suffices offline (-o).
+    local args=(-q -f "$SCRIPT_DIR/pom.xml" org.apache.maven.plugins:maven-dependency-plugin:3.8.1:copy-dependencies)
     [[ -n "$version" ]] && args+=("-Dkafka.version=$version")
-    mvn "${args[@]}" >&2 || die "mvn could not resolve the Kafka jars (see the Maven output above)"
+    mvn -o "${args[@]}" >/dev/null 2>&1 || mvn "${args[@]}" >&2 ||
+        die "mvn could not resolve the Kafka jars (see the Maven output above)"
     echo "${version:-default}" >"$marker"
 }
 
@@ -253,6 +258,7 @@ cmd_start() {
     need_tool java "the Kafka broker runs on a Java 17+ runtime"
     [[ "$NODES" =~ ^[1-9]$ ]] || die "--nodes must be between 1 and 9 (got '$NODES')"
     [[ "$PORT" =~ ^[0-9]+$ ]] || die "--port must be a number (got '$PORT')"
+    [[ -z "$WATCH_PID" || "$WATCH_PID" =~ ^[0-9]+$ ]] || die "--watch-pid must be a process id (got '$WATCH_PID')"
     CONTROLLER_PORT="${CONTROLLER_PORT:-$((PORT + 100))}"
     HEAP_MB="${HEAP_MB:-${SLUICE_KAFKA_HEAP_MB:-512}}"
     local d
@@ -304,12 +310,36 @@ EOF
         die "cluster in $RUN_DIR did not become ready: $err
 $tails"
     fi
+    if [[ -n "$WATCH_PID" ]]; then
+        setsid bash "$SCRIPT_DIR/kafka.sh" _watch "$WATCH_PID" --dir "$RUN_DIR" \
+            </dev/null >>"$RUN_DIR/watchdog.log" 2>&1 &
+        echo $! >"$RUN_DIR/watchdog.pid"
+    fi
     echo "$BOOTSTRAP"
+}
+
+# The watchdog of --watch-pid: a bash loop that runs 'stop' once the watched process is gone.
+watchdog_pid() {
+    local pid
+    pid="$(cat "$RUN_DIR/watchdog.pid" 2>/dev/null)" || return 1
+    [[ "$pid" =~ ^[0-9]+$ && -r "/proc/$pid/cmdline" ]] || return 1
+    tr '\0' ' ' <"/proc/$pid/cmdline" | grep -qF "kafka.sh _watch" || return 1
+    echo "$pid"
+}
+
+cmd_watch() {  # internal: kafka.sh _watch PID --dir DIR
+    while kill -0 "$NODE_ARG" 2>/dev/null; do sleep 1; done
+    rm -f "$RUN_DIR/watchdog.pid"  # before stopping, so 'stop' does not signal this process
+    echo "kafka.sh: watched process $NODE_ARG exited; stopping the cluster in $RUN_DIR" >&2
+    cmd_stop
 }
 
 cmd_stop() {
     [[ -f "$RUN_DIR/cluster.env" ]] || { echo "kafka.sh: no cluster in $RUN_DIR; nothing to stop" >&2; return 0; }
     load_cluster
+    local pid
+    if pid="$(watchdog_pid)"; then kill -TERM "$pid" 2>/dev/null || true; fi
+    rm -f "$RUN_DIR/watchdog.pid"
     signal_and_wait TERM "$STOP_TIMEOUT_S" $(all_nodes)
 }
 
@@ -365,8 +395,8 @@ shift
 case "$COMMAND" in -h | --help | help) echo "$HELP_TEXT"; exit 0 ;; esac
 
 RUN_DIR="${SLUICE_KAFKA_DIR:-$SCRIPT_DIR/run}"
-PORT=9092 NODES=1 CONTROLLER_PORT="" HEAP_MB="" TIMEOUT_S=120 STOP_TIMEOUT_S=30 SIGNAL=KILL NODE_ARG=""
-if [[ "$COMMAND" == kill-node || "$COMMAND" == start-node ]]; then
+PORT=9092 NODES=1 CONTROLLER_PORT="" HEAP_MB="" TIMEOUT_S=120 STOP_TIMEOUT_S=30 SIGNAL=KILL NODE_ARG="" WATCH_PID=""
+if [[ "$COMMAND" == kill-node || "$COMMAND" == start-node || "$COMMAND" == _watch ]]; then
     NODE_ARG="${1:-}"
     [[ -n "$NODE_ARG" ]] || die "$COMMAND needs a node number"
     shift
@@ -378,6 +408,7 @@ while (($#)); do
         --dir) RUN_DIR="${2:?--dir needs a value}"; shift 2 ;;
         --controller-port) CONTROLLER_PORT="${2:?--controller-port needs a value}"; shift 2 ;;
         --heap-mb) HEAP_MB="${2:?--heap-mb needs a value}"; shift 2 ;;
+        --watch-pid) WATCH_PID="${2:?--watch-pid needs a value}"; shift 2 ;;
         --signal) SIGNAL="${2:?--signal needs a value}"; shift 2 ;;
         --timeout)
             TIMEOUT_S="${2:?--timeout needs a value}"; STOP_TIMEOUT_S="$TIMEOUT_S"; shift 2 ;;
@@ -398,5 +429,6 @@ case "$COMMAND" in
     kill-node) cmd_kill_node ;;
     start-node) cmd_start_node ;;
     bootstrap) load_cluster; echo "$BOOTSTRAP" ;;
+    _watch) cmd_watch ;;
     *) die "unknown command '$COMMAND' (see kafka.sh --help)" ;;
 esac

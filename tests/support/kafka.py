@@ -50,9 +50,13 @@ class KafkaCluster:
 
     @classmethod
     def start(cls, run_dir: Path, num_nodes: int = 1, timeout_s: float = 120.0) -> KafkaCluster:
-        """Start a fresh cluster on free loopback ports; returns once every node serves requests."""
+        """Start a fresh cluster on free loopback ports; returns once every node serves requests.
+
+        The cluster also stops by itself once this Python process exits, even if it is killed.
+        """
         port, controller_port = free_port_block(num_nodes)
-        args = ["start", "--nodes", str(num_nodes), "--port", str(port), "--controller-port", str(controller_port)]
+        args = ["start", "--nodes", str(num_nodes), "--port", str(port), "--controller-port", str(controller_port),
+                "--watch-pid", str(os.getpid())]
         bootstrap = _run_script(run_dir, *args, "--timeout", str(int(timeout_s))).strip()
         return cls(run_dir, num_nodes, bootstrap)
 
