@@ -147,18 +147,19 @@ def _attend(
     n_q = torch.tensor([q_lens[s] for s in seqs], device=device)  # (S,)
     first_rows = torch.tensor([starts[s] for s in seqs], device=device)  # (S,)
     j = torch.arange(max_q, device=device)  # (max_q,)
-    valid = j < n_q[:, None]  # (S, max_q) real query rows
     # padded rows repeat the sequence's last row, so every row has a sane (finite) attention pattern
     j_clamped = torch.minimum(j[None, :], n_q[:, None] - 1)  # (S, max_q)
-    rows = first_rows[:, None] + j_clamped  # (S, max_q) row of `query`
+    rows = (first_rows[:, None] + j_clamped).reshape(-1)  # (S * max_q,) row of `query`
     q_pos = lens[:, None] - n_q[:, None] + j_clamped  # (S, max_q) absolute position of each row
     # the `group` query heads of a KV head become `group` rows per token: K/V are never expanded
-    q = query.index_select(0, rows.reshape(-1)).view(num_seqs, max_q, num_kv_heads, group, head_dim)
+    q = query.index_select(0, rows).view(num_seqs, max_q, num_kv_heads, group, head_dim)
     q = q.permute(0, 2, 1, 3, 4).reshape(num_seqs, num_kv_heads, max_q * group, head_dim)
-    mask = kv_pos[None, None, :] <= q_pos[:, :, None]  # (S, max_q, padded_kv) causal, implies < len
-    mask = mask.repeat_interleave(group, dim=1).unsqueeze(1)  # (S, 1, max_q * group, padded_kv)
+    q_pos = q_pos.repeat_interleave(group, dim=1)  # (S, max_q * group)
+    mask = (kv_pos[None, None, :] <= q_pos[:, :, None]).unsqueeze(1)  # (S, 1, max_q * group, padded_kv)
     o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
     o = o.view(num_seqs, num_kv_heads, max_q, group, head_dim).permute(0, 2, 1, 3, 4)
     o = o.reshape(num_seqs * max_q, num_heads, head_dim)  # (S * max_q, num_heads, head_dim)
-    flat_valid = valid.reshape(-1)
-    out.index_copy_(0, rows.reshape(-1)[flat_valid], o[flat_valid].to(out.dtype))
+    if any(q_lens[s] != max_q for s in seqs):  # drop the padded rows
+        keep = (j[None, :] < n_q[:, None]).reshape(-1).nonzero().squeeze(1)
+        rows, o = rows.index_select(0, keep), o.index_select(0, keep)
+    out.index_copy_(0, rows, o.to(out.dtype))
