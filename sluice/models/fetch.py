@@ -192,7 +192,15 @@ def _prepare(spec: ModelSpec, staged: Path, say: Progress) -> None:
         from sluice.models.export import export_encoder_to_onnx
 
         say(f"{spec.name}: exporting to ONNX (dynamic batch and sequence axes) and checking against torch")
-        export_s = export_encoder_to_onnx(staged, staged / "model.onnx")
+        try:
+            export_s = export_encoder_to_onnx(staged, staged / "model.onnx")
+        except (ModelError, OSError):
+            raise
+        except Exception as err:  # torch/onnx raise RuntimeError & co.; a full disk can hide in them
+            first_line = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            if "No space left" in str(err):
+                raise OSError(errno.ENOSPC, first_line) from None
+            raise ModelError(f"ONNX export of {spec.name} failed: {first_line}") from None
         say(f"{spec.name}: exported in {export_s:.1f} s; ONNX output matches torch")
 
 

@@ -175,3 +175,14 @@ def test_default_cache_dir_follows_the_env_var(tmp_path: Path,
     assert default_cache_dir() == tmp_path
     with pytest.raises(ModelError, match="not fetched yet"):
         resolve_model("smollm2-135m")
+
+
+def test_a_failing_export_is_a_one_line_error_and_leaves_nothing(local_index: Path, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = _spec()
+    broken = ModelSpec(**{**{f: getattr(spec, f) for f in spec.__slots__}, "prepare": "onnx-embedding"})
+    monkeypatch.setitem(KNOWN_MODELS, broken.name, broken)  # sub/config.json is no HF model config
+    with pytest.raises(ModelError) as caught:
+        fetch("test-model", cache_dir=tmp_path, progress=None)
+    assert "\n" not in str(caught.value) and str(caught.value).startswith("ONNX export of test-model failed")
+    assert list((tmp_path / "models").iterdir()) == []
