@@ -9,7 +9,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from pathlib import Path
 
@@ -17,7 +16,6 @@ import pytest
 import torch
 
 from sluice.engines.llm import LLM, SamplingParams
-from sluice.engines.llm.attention import AttentionMetadata, plan_cpu_attention
 from sluice.engines.llm.model import LlamaModel
 
 NUM_NEW_TOKENS = 32
@@ -67,31 +65,14 @@ def test_tiny_llama_greedy_matches_hf_exactly(tiny_llama_dir: Callable[[bool], P
     assert all(o.finish_reason == "length" for o in outputs)
 
 
-def _logprobs_after(model: LlamaModel, tokens: list[int]) -> torch.Tensor:
-    """Our model's next-token log-probs after ``tokens`` (vocab,), computed in a private KV cache."""
-    cfg, n, bs = model.config, len(tokens), 16
-    num_blocks = math.ceil(n / bs)
-    caches = [
-        (torch.zeros(num_blocks, bs, cfg.num_kv_heads, cfg.head_dim),
-         torch.zeros(num_blocks, bs, cfg.num_kv_heads, cfg.head_dim))
-        for _ in range(cfg.num_layers)
-    ]  # fmt: skip
-    meta = AttentionMetadata(
-        slot_mapping=torch.arange(n), query_start_loc=torch.tensor([0, n], dtype=torch.int32),
-        seq_lens=torch.tensor([n], dtype=torch.int32), block_tables=torch.empty(0), max_seq_len=n,
-        cpu_plan=plan_cpu_attention([n], [n], [list(range(num_blocks))], bs),
-    )  # fmt: skip
-    with torch.inference_mode():
-        logits = model(torch.tensor(tokens), torch.arange(n), caches, meta, torch.tensor([n - 1]))
-    return torch.log_softmax(logits[0], dim=-1)
-
-
 @pytest.fixture(scope="module")
 def smol_engine(smollm2_gguf: Path) -> LLM:
     return LLM(smollm2_gguf)
 
 
-def test_smollm2_gguf_greedy_parity_with_hf(smollm2_gguf: Path, smol_engine: LLM) -> None:
+def test_smollm2_gguf_greedy_parity_with_hf(
+    smollm2_gguf: Path, smol_engine: LLM, next_logprobs: Callable[[LlamaModel, list[int]], torch.Tensor]
+) -> None:
     from transformers import AutoModelForCausalLM
 
     tok = smol_engine.tokenizer
@@ -114,7 +95,7 @@ def test_smollm2_gguf_greedy_parity_with_hf(smollm2_gguf: Path, smol_engine: LLM
             assert i is not None, f"one output is a strict prefix of the other: {mine} vs {ref}"
             context = prompt + mine[:i]
             hf_top5 = torch.log_softmax(hf(torch.tensor([context])).logits[0, -1], dim=-1).topk(5).indices
-            our_top5 = _logprobs_after(smol_engine.runner.model, context).topk(5).indices
+            our_top5 = next_logprobs(smol_engine.runner.model, context).topk(5).indices
             assert mine[i] in hf_top5.tolist(), f"token {i}: ours {mine[i]} not in HF top-5 {hf_top5.tolist()}"
             assert ref[i] in our_top5.tolist(), f"token {i}: HF's {ref[i]} not in our top-5 {our_top5.tolist()}"
     print(f"\nSmolLM2 GGUF greedy parity: {num_exact}/{len(prompts)} sequences match HF exactly")
