@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--num-texts", type=int, default=2000)
     parser.add_argument("--batch-sizes", default="1,8,32,64")
     parser.add_argument("--window", type=int, default=256, help="sorting window of the length-aware order")
-    parser.add_argument("--budget-s", type=float, default=14.0, help="time budget per configuration")
+    parser.add_argument("--budget-s", type=float, default=12.0, help="time budget per configuration")
     parser.add_argument("--threads", type=int, default=2, help="onnxruntime intra-op threads")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "embed_engine.json")
     args = parser.parse_args(argv)
