@@ -22,6 +22,7 @@ import platform
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -114,9 +115,9 @@ def run(quick: bool) -> list[Row]:
     for name, layout in _cases(quick):
         batch = make_batch(layout, num_blocks=8192)
         impls: list[tuple[str, Callable[[], object]]] = [
-            ("torch_ops", lambda b=batch: torch_ops.paged_attention(*b.args())),
-            ("per-seq loop", lambda b=batch: _per_seq_loop(b)),
-            ("reference", lambda b=batch: reference.paged_attention(*b.args())),
+            ("torch_ops", partial(torch_ops.paged_attention, *batch.args())),
+            ("per-seq loop", partial(_per_seq_loop, batch)),
+            ("reference", partial(reference.paged_attention, *batch.args())),
         ]
         for impl, fn in impls:
             wall, cpu = _time_ms(fn, lambda: None, min_s, 50 if impl != "reference" else 5)
@@ -128,8 +129,8 @@ def run(quick: bool) -> list[Row]:
         from sluice.engines.llm.kernels import triton_paged_attention
 
         gpu = make_batch(layout, dtype=torch.bfloat16, num_blocks=8192, device="cuda")
-        for impl, gfn in (("triton", lambda g=gpu: triton_paged_attention.paged_attention(*g.args())),
-                          ("torch_ops", lambda g=gpu: torch_ops.paged_attention(*g.args()))):
+        for impl, gfn in (("triton", partial(triton_paged_attention.paged_attention, *gpu.args())),
+                          ("torch_ops", partial(torch_ops.paged_attention, *gpu.args()))):
             wall, _ = _time_ms(gfn, torch.cuda.synchronize, min_s, 200)
             rows.append(Row(name, impl, "cuda bf16", wall, None, wall * NUM_LAYERS))
     rows.append(_store_row(torch.float32, quick))
