@@ -30,6 +30,7 @@ from sluice.engines.registry import EngineType
 from sluice.engines.text_embedding import (
     TextEmbeddingTask,
     TokenizedText,
+    check_pooling_config,
     format_vectors,
     l2_normalize,
     mean_pool,
@@ -199,6 +200,10 @@ class OnnxEngine(BatchEngine):
         else:
             raise EngineStartError(f"model {model_file.name} has outputs {list(outputs)}; the text-embedding task "
                                    f"needs one of {list(_TOKEN_OUTPUTS + _POOLED_OUTPUTS)}")
+        try:
+            check_pooling_config(model_file.parent)
+        except (ValueError, OSError) as err:
+            raise EngineStartError(_first_line(err)) from None
         tokenizer_path = model_file.parent / "tokenizer.json"
         if not tokenizer_path.is_file():
             raise EngineStartError(f"no tokenizer.json next to {model_file}; the text-embedding task needs it")

@@ -13,6 +13,7 @@ Numpy only: no inference runtime is imported here. ``tokenizers`` is imported wh
 from __future__ import annotations
 
 import base64
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,6 +72,22 @@ class TextEmbeddingTask:
             ids = np.asarray(encoding.ids, dtype=np.int64)
             items.append(TokenizedText(ids=ids, num_tokens=int(ids.shape[0])))
         return items
+
+
+def check_pooling_config(model_dir: Path) -> None:
+    """Raise ValueError when the model's sentence-transformers pooling config asks for other than mean pooling.
+
+    ``1_Pooling/config.json`` (when present) says how the model was trained to pool; embeddings pooled any
+    other way would be silently wrong, so this task refuses such models instead.
+    """
+    config_path = model_dir / "1_Pooling" / "config.json"
+    if not config_path.is_file():
+        return  # no sentence-transformers metadata: mean pooling is the documented behaviour
+    config = json.loads(config_path.read_text(encoding="utf-8"))
+    modes = sorted(key.removeprefix("pooling_mode_") for key, on in config.items()
+                   if key.startswith("pooling_mode_") and on is True)
+    if modes != ["mean_tokens"]:
+        raise ValueError(f"{config_path} asks for pooling {modes or 'none'}; this task does mean pooling only")
 
 
 def pad_batch(items: Sequence[TokenizedText], pad_id: int = 0) -> PaddedBatch:

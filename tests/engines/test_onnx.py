@@ -169,6 +169,14 @@ def test_a_model_without_embedding_outputs_fails_at_start(tmp_path: Path) -> Non
     assert "logits" in message and "last_hidden_state" in message
 
 
+def test_a_model_trained_for_cls_pooling_fails_at_start(minilm_dir: Path, tmp_path: Path) -> None:
+    for name in ("model.onnx", "tokenizer.json"):
+        (tmp_path / name).symlink_to(minilm_dir / name)
+    (tmp_path / "1_Pooling").mkdir()
+    (tmp_path / "1_Pooling" / "config.json").write_text('{"pooling_mode_cls_token": true}')
+    assert "mean pooling only" in _one_line_start_error(_engine(tmp_path))
+
+
 def test_an_unknown_provider_fails(minilm_dir: Path) -> None:
     with pytest.raises(ValidationError, match="unknown provider 'gpu-magic'"):
         OnnxOptions(model=str(minilm_dir), providers=["gpu-magic"])

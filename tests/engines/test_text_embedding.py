@@ -12,6 +12,7 @@ import pytest
 from sluice.engines.text_embedding import (
     TextEmbeddingTask,
     TokenizedText,
+    check_pooling_config,
     decode_base64_vector,
     format_vectors,
     l2_normalize,
@@ -98,3 +99,13 @@ def test_tokenize_truncates_without_padding_and_keeps_special_tokens(minilm_dir:
     cls_id, sep_id = short.ids[0], short.ids[-1]
     assert long.ids[0] == cls_id and long.ids[-1] == sep_id  # truncation keeps [CLS] ... [SEP]
     assert task.tokenize(["hello world"])[0].ids.tolist() == short.ids.tolist()  # single == batch path
+
+
+def test_only_mean_pooling_configs_are_accepted(tmp_path: Path, minilm_dir: Path) -> None:
+    check_pooling_config(minilm_dir)  # the real model: mean pooling
+    check_pooling_config(tmp_path)  # no pooling metadata at all
+    (tmp_path / "1_Pooling").mkdir()
+    (tmp_path / "1_Pooling" / "config.json").write_text(
+        '{"pooling_mode_cls_token": true, "pooling_mode_mean_tokens": false}')
+    with pytest.raises(ValueError, match=r"pooling \['cls_token'\]"):
+        check_pooling_config(tmp_path)
