@@ -16,38 +16,17 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from common import RESULTS, ROOT, broker, output_rate  # noqa: E402
 from confluent_kafka import Consumer, Producer  # noqa: E402
 
 from sluice.config import parse_pipeline  # noqa: E402
 from sluice.operator.build import build_runner  # noqa: E402
-from tests.support.kafka import KafkaCluster, create_topic, produce, unique_topic  # noqa: E402
-
-RESULTS = ROOT / "bench" / "results"
-
-
-def output_rate(bootstrap: str, topic: str, n: int) -> float:
-    """records/s between the first and the last output's produce timestamp (all partitions)."""
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": unique_topic("bench-read"),
-                  "auto.offset.reset": "earliest", "enable.auto.commit": False})
-    c.subscribe([topic])
-    stamps: list[int] = []
-    deadline = time.monotonic() + 120
-    while len(stamps) < n and time.monotonic() < deadline:
-        for m in c.consume(10_000, 0.5):
-            if m.error() is None:
-                stamps.append(m.timestamp()[1])
-    c.close()
-    if len(stamps) < n:
-        raise RuntimeError(f"only {len(stamps)} of {n} outputs arrived on {topic}")
-    span_s = max(1e-3, (max(stamps) - min(stamps)) / 1000)
-    return n / span_s
+from tests.support.kafka import create_topic, produce, unique_topic  # noqa: E402
 
 
 def plain_loop(bootstrap: str, topic_in: str, topic_out: str, n: int) -> None:
@@ -84,7 +63,7 @@ batching: {{max_batch_size: {batch}, max_queue_delay_ms: 5}}
 engine: {{type: python, function: "examples.functions.text:noop"}}
 sink: {{kafka: {{topic: {topic_out}}}, output: {{field: result}}}}
 dead_letter: {{topic: {topic_out}.dlq}}
-runtime: {{max_in_flight: 20000}}
+runtime: {{max_in_flight: 20000, drain_timeout_s: 600}}
 """
     loaded = parse_pipeline(text, base_dir=ROOT)
     runner, engine = build_runner(loaded, max_records=n)
@@ -101,12 +80,7 @@ def main() -> None:
     parser.add_argument("--batch-sizes", default="1,64,512")
     args = parser.parse_args()
     os.chdir(ROOT)
-    cluster = None
-    bootstrap = args.bootstrap
-    if not bootstrap:
-        cluster = KafkaCluster.start(Path(tempfile.mkdtemp(prefix="sluice-bench-kafka-")))
-        bootstrap = cluster.bootstrap
-    try:
+    with broker(args.bootstrap) as bootstrap:
         n = args.records
         topic_in = unique_topic("bench-in")
         create_topic(bootstrap, topic_in, 3)
@@ -140,9 +114,6 @@ def main() -> None:
         RESULTS.mkdir(parents=True, exist_ok=True)
         (RESULTS / "operator_overhead.json").write_text(json.dumps({"records": n, "rows": rows}, indent=2))
         (RESULTS / "operator_overhead.md").write_text(f"{n:,} JSON records, 3 partitions, no-op engine\n\n{table}\n")
-    finally:
-        if cluster is not None:
-            cluster.stop()
 
 
 if __name__ == "__main__":

@@ -339,10 +339,17 @@ class Runner:
             s.cond.notify_all()
         while self.worker.is_alive() and self.clock() < deadline:
             self.sink.poll(0.05)  # serve delivery reports while the engine drains
-        left = self.sink.flush(max(0.0, deadline - self.clock()))
         with s.cond:
-            s.stopped = True
+            s.stopped = True  # the engine thread takes no further batch
             s.cond.notify_all()
+        if self.worker.is_alive():
+            # An engine call cannot be interrupted; wait for the current batch rather than tear the engine
+            # down under it. Its outputs are produced, just too late to be committed in this run.
+            log.warning("drain timeout: waiting for the engine to finish its current batch")
+            while self.worker.is_alive():
+                self.sink.poll(0.05)
+        left = self.sink.flush(max(1.0, deadline - self.clock()))
+        with s.cond:
             watermarks = s.tracker.watermarks()
             unfinished = s.tracker.num_in_flight
         if left or unfinished:
