@@ -37,7 +37,7 @@ Run directory: --dir, else \$SLUICE_KAFKA_DIR, else deploy/kafka/run/. Node N li
 Environment: SLUICE_PYTHON (python with confluent_kafka for the readiness check),
 SLUICE_KAFKA_HEAP_MB (default 512), SLUICE_KAFKA_JVM_OPTS (extra JVM options for the brokers,
 default -XX:TieredStopAtLevel=1 for a fast start; set it to '' for benchmarks),
-SLUICE_KAFKA_VERSION (re-resolves lib/ when it changes).
+SLUICE_KAFKA_VERSION (default: the pom's; lib/ is re-resolved whenever the version changes).
 No Java here? Point Sluice at an existing broker with SLUICE_KAFKA_BOOTSTRAP=host:port instead."
 
 die() { echo "kafka.sh: $*" >&2; exit 1; }
@@ -52,21 +52,28 @@ need_tool() {  # need_tool NAME WHY
 # ---------------------------------------------------------------- jars
 
 resolve_jars() {
-    # lib/ is only complete once the marker exists, so an interrupted copy is redone.
-    local version="${SLUICE_KAFKA_VERSION:-}"
+    # lib/ appears complete or not at all: the jars are copied into a temporary directory that is
+    # renamed to lib/, so an interrupted or concurrent resolution never leaves a partial lib/.
+    # The version: $SLUICE_KAFKA_VERSION, else the pom's; lib/ is redone whenever it changes.
+    local version="${SLUICE_KAFKA_VERSION:-$(sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' "$SCRIPT_DIR/pom.xml")}"
     local marker="$LIB_DIR/.resolved"
-    if [[ -f "$marker" && ( -z "$version" || "$(cat "$marker")" == "$version" ) ]]; then
-        return 0
-    fi
+    resolved() { [[ -f "$marker" && "$(cat "$marker")" == "$version" ]]; }
+    resolved && return 0
     need_tool mvn "needed once to fetch the Kafka jars from Maven Central into deploy/kafka/lib"
     echo "kafka.sh: resolving Kafka jars with Maven into $LIB_DIR ..." >&2
-    rm -rf "$LIB_DIR"
+    local tmp
+    tmp="$(mktemp -d "$SCRIPT_DIR/.lib.XXXXXX")"
     # Full plugin coordinates: no plugin-prefix lookup, so a warm ~/.m2 suffices offline (-o).
-    local args=(-q -f "$SCRIPT_DIR/pom.xml" org.apache.maven.plugins:maven-dependency-plugin:3.8.1:copy-dependencies)
-    [[ -n "$version" ]] && args+=("-Dkafka.version=$version")
-    mvn -o "${args[@]}" >/dev/null 2>&1 || mvn "${args[@]}" >&2 ||
+    local args=(-q -f "$SCRIPT_DIR/pom.xml" "-Dkafka.lib.dir=$tmp" "-Dkafka.version=$version"
+        org.apache.maven.plugins:maven-dependency-plugin:3.8.1:copy-dependencies)
+    if ! { mvn -o "${args[@]}" >/dev/null 2>&1 || mvn "${args[@]}" >&2; }; then
+        rm -rf "$tmp"
         die "mvn could not resolve the Kafka jars (see the Maven output above)"
-    echo "${version:-default}" >"$marker"
+    fi
+    echo "$version" >"$tmp/.resolved"
+    if resolved; then rm -rf "$tmp"; return 0; fi  # a concurrent start finished first
+    rm -rf "$LIB_DIR"
+    mv -T "$tmp" "$LIB_DIR"
 }
 
 # ---------------------------------------------------------------- run directory state
