@@ -8,6 +8,7 @@ operator turns into an offset-tracker acknowledgement.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -45,12 +46,16 @@ class KafkaSource:
             "auto.offset.reset": cfg.auto_offset_reset,
             "enable.partition.eof": False,
             "logger": logging.getLogger("sluice.librdkafka.consumer"),
+            # librdkafka's statistics carry each partition's consumer lag; parsed every few seconds.
+            "statistics.interval.ms": 5000,
+            "stats_cb": self._on_stats,
         }
         conf.update(cfg.config)
         self._consumer = Consumer(conf)
         self._paused: set[TopicPartition] = set()
         self.assignment: set[TopicPartition] = set()
         self._tps: dict[tuple[str, int], TopicPartition] = {}  # one object per partition, not per record
+        self._lag: dict[TopicPartition, int] = {}
 
     def subscribe(self, on_assign: PartitionsCallback, on_revoke: PartitionsCallback,
                   on_lost: PartitionsCallback) -> None:
@@ -124,6 +129,22 @@ class KafkaSource:
         except KafkaException as err:
             if err.args[0].code() != KafkaError._NO_OFFSET:
                 log.warning("offset commit failed: %s", err.args[0].str())
+
+    def lag(self) -> dict[TopicPartition, int]:
+        """Consumer lag (records) per assigned partition, as of librdkafka's last statistics."""
+        return {tp: lag for tp, lag in self._lag.items() if tp in self.assignment}
+
+    def _on_stats(self, stats_json: str) -> None:
+        try:
+            stats = json.loads(stats_json)
+            lag = {}
+            for topic, t in stats.get("topics", {}).items():
+                for part, p in t.get("partitions", {}).items():
+                    if int(part) >= 0 and p.get("consumer_lag", -1) >= 0:
+                        lag[TopicPartition(topic, int(part))] = int(p["consumer_lag"])
+            self._lag = lag
+        except (ValueError, KeyError, TypeError) as err:
+            log.debug("unreadable librdkafka statistics: %s", err)
 
     def pause(self, tps: Iterable[TopicPartition]) -> None:
         tps = [tp for tp in tps if tp not in self._paused and tp in self.assignment]

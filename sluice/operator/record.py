@@ -26,6 +26,7 @@ class InputRecord:
     offset: int
     timestamp_ms: int | None  # broker / producer timestamp, when the record has one
     received_s: float  # monotonic clock when the operator polled it
+    trace: Any = None  # whatever the observer (tracing) keeps for this record
 
 
 @dataclass(slots=True)

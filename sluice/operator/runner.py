@@ -30,6 +30,7 @@ from sluice.engines.base import BatchEngine, RecordError
 from sluice.operator.batcher import Batcher, BatchPolicy
 from sluice.operator.dead_letter import dead_letter, source_headers
 from sluice.operator.errors import Failed
+from sluice.operator.observer import Observer
 from sluice.operator.offsets import OffsetTracker
 from sluice.operator.record import InputRecord, Pending, TopicPartition
 from sluice.operator.worker import EngineWorker, SharedState
@@ -39,6 +40,7 @@ log = logging.getLogger(__name__)
 
 _POLL_BATCH = 500  # records taken from the consumer per poll call
 _POLL_TIMEOUT_S = 0.05  # how long an idle poll waits; bounds delivery-report and stop latency
+_TICK_S = 1.0  # how often the observer gets a tick (status line, gauges)
 
 
 class Source(Protocol):
@@ -49,6 +51,7 @@ class Source(Protocol):
     def store(self, watermarks: dict[TopicPartition, int]) -> None: ...
     def commit(self, watermarks: dict[TopicPartition, int]) -> None: ...
     def pause(self, tps: Any) -> None: ...
+    def lag(self) -> dict[TopicPartition, int]: ...
     def resume_all(self) -> None: ...
     @property
     def paused(self) -> bool: ...
@@ -106,7 +109,7 @@ class Runner:
 
     def __init__(self, loaded: LoadedPipeline, source: Source, sink: Sink, engine: BatchEngine, *,
                  max_records: int | None = None, idle_exit_s: float | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, observer: Observer | None = None) -> None:
         p = loaded.pipeline
         self.pipeline = p
         self.source, self.sink, self.engine = source, sink, engine
@@ -120,7 +123,8 @@ class Runner:
                              bucket_width=b.bucket_width)
         self.state = SharedState(batcher=Batcher(policy), tracker=OffsetTracker())
         self._measure = policy.bucket_by_length or policy.max_batch_tokens is not None  # need item lengths?
-        self.worker = EngineWorker(self.state, engine, self._settle, clock)
+        self.observer = observer or Observer()
+        self.worker = EngineWorker(self.state, engine, self._settle, clock, self.observer)
         self.summary = RunSummary()
         self._stop = threading.Event()
         self._fatal: str | None = None
@@ -138,8 +142,9 @@ class Runner:
         started = self.clock()
         gc_thresholds = _relax_gc()
         self.worker.start()
+        self.observer.started()
         self.source.subscribe(self._on_assign, self._on_revoke, self._on_lost)
-        last_store = last_record = started
+        last_store = last_record = last_tick = started
         try:
             while not self._stop.is_set() and self._fatal is None and self.worker.error is None:
                 self._backpressure()
@@ -155,10 +160,14 @@ class Runner:
                         watermarks = self.state.tracker.watermarks()
                     self.source.store(watermarks)
                     last_store = now
+                if now - last_tick >= _TICK_S:
+                    self.observer.tick(now, self.state.tracker.num_in_flight, self.source.lag())
+                    last_tick = now
                 if self._finished(now, last_record):
                     break
         finally:
             self._shutdown()
+            self.observer.stopped()
             gc.set_threshold(*gc_thresholds)
             gc.unfreeze()
         self.summary.elapsed_s = self.clock() - started
@@ -170,6 +179,7 @@ class Runner:
     # ------------------------------------------------------------------------------------------- intake
 
     def _intake(self, records: list[InputRecord], now: float) -> None:
+        self.observer.polled(records, now)
         s = self.state
         with s.cond:
             s.tracker.track_many((r.tp, r.offset) for r in records)
@@ -229,7 +239,10 @@ class Runner:
             except CodecError as err:
                 failed.append((r, err.stage, err))
                 continue
-            outputs.append((topic, value, key, source_headers(r)))
+            headers = source_headers(r)
+            if self.observer.injects_headers:
+                headers += self.observer.output_headers(r, None)
+            outputs.append((topic, value, key, headers))
             records.append(r)
         self._produce(records, outputs, failed)
 
@@ -239,6 +252,8 @@ class Runner:
         """Produce outputs (one per record in ``records``) and dead-letter records for ``failed``; the inputs
         are acked together once every one of them is delivered."""
         delivery = _Delivery(self, records)
+        if failed:
+            self.observer.rejected(failed)
         for r, stage, err in failed:
             if self.dlq_topic is None:
                 self._fatal = (f"record {r.tp.topic}[{r.tp.partition}]@{r.offset} failed at {stage}: {err}; "
@@ -247,6 +262,8 @@ class Runner:
                 continue  # never acked: the watermark stays before it
             out = dead_letter(r, self.dlq_topic, stage, err or "unknown error")
             log.debug("dead-lettering %s[%d]@%d at %s: %s", r.tp.topic, r.tp.partition, r.offset, stage, err)
+            if self.observer.injects_headers:
+                out.headers.extend(self.observer.output_headers(r, stage))
             records.append(r)
             outputs.append((out.topic, out.value, out.key, out.headers))
             delivery.num_dead_lettered += 1
@@ -263,6 +280,7 @@ class Runner:
         self.summary.num_dead_lettered += delivery.num_dead_lettered
         with self.state.cond:
             self.state.tracker.ack_many((r.tp, r.offset) for r in delivery.records)  # (3)
+        self.observer.delivered(delivery.records, delivery.num_dead_lettered, self.clock())
 
     def _delivery_failed(self, err: Any, msg: Any) -> None:
         self._fatal = (f"could not deliver a record to {msg.topic()}: {err.str()}; "
@@ -281,6 +299,7 @@ class Runner:
 
     def _on_assign(self, tps: list[TopicPartition]) -> None:
         log.info("assigned %s", _names(tps))
+        self.observer.assigned(tps)
         if self.source.paused:  # a rebalance must not undo backpressure
             self.source.pause(tps)
 
@@ -309,6 +328,7 @@ class Runner:
             s.hold = False
             s.cond.notify_all()
         self.source.commit(watermarks)
+        self.observer.revoked(tps)
 
     def _on_lost(self, tps: list[TopicPartition]) -> None:
         log.warning("lost %s (another member owns them now); nothing of theirs will be committed", _names(tps))
@@ -317,6 +337,7 @@ class Runner:
             self.state.batcher.remove(lambda p: p.record.tp in lost)
             for tp in tps:
                 self.state.tracker.forget(tp)
+        self.observer.revoked(tps)
 
     # --------------------------------------------------------------------------------------- shutdown
 

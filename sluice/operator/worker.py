@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 
 from sluice.engines.base import BatchEngine
 from sluice.operator.batcher import Batcher
-from sluice.operator.errors import infer_isolating
+from sluice.operator.errors import Failed, infer_isolating
+from sluice.operator.observer import Observer
 from sluice.operator.offsets import OffsetTracker
 from sluice.operator.record import Pending
 
@@ -44,12 +45,13 @@ class EngineWorker(threading.Thread):
     their offsets (see the runner)."""
 
     def __init__(self, state: SharedState, engine: BatchEngine, settle: Settle,
-                 clock: Callable[[], float]) -> None:
+                 clock: Callable[[], float], observer: Observer) -> None:
         super().__init__(name="sluice-engine", daemon=True)
         self.state = state
         self.engine = engine
         self.settle = settle
         self.clock = clock
+        self.observer = observer
         self.error: BaseException | None = None
 
     def run(self) -> None:
@@ -88,5 +90,9 @@ class EngineWorker(threading.Thread):
                 s.cond.wait(None if deadline is None or s.hold else max(0.0, deadline - now))
 
     def _process(self, batch: list[Pending]) -> None:
+        started_s = self.clock()
+        handle = self.observer.batch_started(batch, started_s)
         outcomes = infer_isolating(self.engine.infer, [p.item for p in batch])
+        num_failed = sum(1 for o in outcomes if isinstance(o, Failed))
+        self.observer.batch_finished(handle, batch, self.clock() - started_s, num_failed)
         self.settle(batch, outcomes)

@@ -1,0 +1,57 @@
+"""What the runner tells the outside world as records move: the hook points of tracing, metrics and status.
+
+The runner calls an :class:`Observer` at fixed points, per poll, per batch and per delivery -- never per
+record unless the observer asks for it (``injects_headers``), so an observer that is off costs nothing per
+record. Calls come from two threads (see each method); an observer guards its own shared state.
+
+Per-record state an observer needs later (a trace context, say) goes into ``InputRecord.trace``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sluice.operator.record import InputRecord, Pending, TopicPartition
+
+
+class Observer:
+    """Base observer: every hook does nothing. Subclasses override what they need."""
+
+    injects_headers = False  # True: the runner calls ``output_headers`` once per produced record
+
+    def started(self) -> None:
+        """Main thread, once, before the first poll (the engine is started and warmed up by then)."""
+
+    def assigned(self, tps: Sequence[TopicPartition]) -> None:
+        """Main thread: partitions were assigned."""
+
+    def revoked(self, tps: Sequence[TopicPartition]) -> None:
+        """Main thread: partitions were revoked or lost (their in-flight work is finished or dropped)."""
+
+    def polled(self, records: Sequence[InputRecord], now_s: float) -> None:
+        """Main thread: records just polled (before decoding). ``now_s`` is the runner's monotonic clock."""
+
+    def rejected(self, failures: Sequence[tuple[InputRecord, str, BaseException | None]]) -> None:
+        """Either thread: records that go to the dead-letter topic (or stop the operator): (record, stage, error)."""
+
+    def batch_started(self, batch: Sequence[Pending], now_s: float) -> Any:
+        """Engine thread: a batch leaves the batcher for the engine. The return value comes back below."""
+        return None
+
+    def batch_finished(self, handle: Any, batch: Sequence[Pending], infer_s: float, num_failed: int) -> None:
+        """Engine thread: the engine returned for ``batch`` after ``infer_s`` seconds (bisection included)."""
+
+    def output_headers(self, record: InputRecord, stage: str | None) -> list[tuple[str, bytes]]:
+        """Either thread, per produced record when ``injects_headers``: extra headers for the output of
+        ``record`` (``stage`` is None for an output, the failing stage for a dead-letter record)."""
+        return []
+
+    def delivered(self, records: Sequence[InputRecord], num_dead_lettered: int, now_s: float) -> None:
+        """Main thread: every output of ``records`` is acknowledged by the broker."""
+
+    def tick(self, now_s: float, num_in_flight: int, lag: dict[TopicPartition, int]) -> None:
+        """Main thread, about once a second: a moment for status lines and gauges."""
+
+    def stopped(self) -> None:
+        """Main thread, once, after the final commit."""
