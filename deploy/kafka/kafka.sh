@@ -268,8 +268,8 @@ EOF
         mkdir -p "$(node_dir "$n")"
         write_server_properties "$n"
         # Formatting is a short JVM run per node; run them side by side.
-        java -Xmx256m -XX:TieredStopAtLevel=1 -cp "$LIB_DIR/*" kafka.tools.StorageTool format -t "$cluster_id" -c "$(node_dir "$n")/server.properties" \
-            >"$(node_dir "$n")/format.log" 2>&1 &
+        java -Xmx256m -XX:TieredStopAtLevel=1 -cp "$LIB_DIR/*" kafka.tools.StorageTool format \
+            -t "$cluster_id" -c "$(node_dir "$n")/server.properties" >"$(node_dir "$n")/format.log" 2>&1 &
         fmt_pids+=($!)
     done
     local k=0
