@@ -41,20 +41,24 @@ from sluice.engines.llm.request import Request, RequestStatus
 
 @dataclass(slots=True)
 class ScheduledRequest:
-    """One request's share of a step."""
+    """One request's share of a step. ``num_computed_tokens`` and ``completes`` are fixed when scheduled,
+    so they stay right after ``update`` has advanced the request."""
 
     request: Request
     num_new_tokens: int  # positions [num_computed_tokens, num_computed_tokens + num_new_tokens) this step
+    num_computed_tokens: int = -1  # first position computed this step; -1 -> taken from the request
+    # True when this step computes the request's last known token, so exactly one token must be sampled.
+    completes: bool = field(init=False)
 
-    @property
-    def completes(self) -> bool:
-        """True when this step computes the request's last known token, so one token must be sampled."""
-        return self.request.num_computed_tokens + self.num_new_tokens == self.request.num_tokens
+    def __post_init__(self) -> None:
+        if self.num_computed_tokens < 0:
+            self.num_computed_tokens = self.request.num_computed_tokens
+        self.completes = self.num_computed_tokens + self.num_new_tokens == self.request.num_tokens
 
 
 @dataclass(slots=True)
 class SchedulerOutput:
-    """What one step computes. ``num_computed_tokens`` of each request is its value *before* the step."""
+    """What one step computes."""
 
     scheduled: list[ScheduledRequest] = field(default_factory=list)  # running first, then newly admitted
     preempted: list[Request] = field(default_factory=list)  # preempted during this schedule() call
@@ -219,6 +223,11 @@ class Scheduler:
         gone = {s.request.request_id for s in output.scheduled if s.request.is_finished}
         sampled = {rid: tok for rid, tok in sampled.items() if rid not in gone}  # aborted meanwhile
         finish = {rid: st for rid, st in finish.items() if rid not in gone}
+        for item in live:
+            if item.request.num_computed_tokens != item.num_computed_tokens:
+                raise ValueError(
+                    f"stale scheduler output for {item.request.request_id!r}: update applied twice?"
+                )
         expected = {s.request.request_id for s in live if s.completes}
         if set(sampled) != expected:
             raise ValueError(

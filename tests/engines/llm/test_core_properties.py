@@ -243,7 +243,7 @@ def configs(draw: st.DrawFn, specs: list[Spec]) -> Config:
 # ---- properties --------------------------------------------------------------------------------------
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=500, deadline=None)
 @given(data=st.data())
 def test_no_leak_and_invariants_under_random_workloads(data: st.DataObject) -> None:
     specs = data.draw(workloads())
@@ -263,7 +263,7 @@ def test_no_leak_and_invariants_under_random_workloads(data: st.DataObject) -> N
         assert len(output) <= spec.max_tokens
 
 
-@settings(max_examples=120, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(data=st.data())
 def test_tokens_do_not_depend_on_chunking_caching_or_preemption(data: st.DataObject) -> None:
     specs = data.draw(workloads(max_requests=8))

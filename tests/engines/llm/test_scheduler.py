@@ -231,3 +231,13 @@ def test_update_rejects_samples_that_do_not_match_the_step() -> None:
         scheduler.update(out, {"long": 7}, {})
     assert scheduler.update(out, {}, {}) == []
     assert scheduler.requests["long"].num_computed_tokens == 4
+
+
+def test_an_output_cannot_be_applied_twice() -> None:
+    scheduler = make()
+    scheduler.add(req("r", 5, max_tokens=3))
+    out = scheduler.schedule()
+    scheduler.update(out, {"r": 7}, {})
+    with pytest.raises(ValueError, match="stale"):
+        scheduler.update(out, {"r": 7}, {})
+    assert scheduler.requests["r"].output_token_ids == [7]
