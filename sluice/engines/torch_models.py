@@ -1,0 +1,100 @@
+"""Where the ``torch`` engine's module comes from: an HF model dir, a factory, TorchScript, or ``torch.export``.
+
+Every loader returns a callable module in eval mode on the CPU (the engine moves it), or raises
+:class:`EngineStartError` with one line. torch and transformers are imported inside the loaders.
+"""
+
+from __future__ import annotations
+
+import importlib
+import warnings
+from pathlib import Path
+from typing import Any
+
+from sluice.engines.base import EngineStartError
+
+_ENGINE = "engine torch"
+
+
+def load_hf_encoder(model_dir: Path) -> Any:
+    """An HF encoder (BERT family) from ``model_dir`` (``config.json`` + safetensors), offline only."""
+    if not (model_dir / "config.json").is_file():
+        raise EngineStartError(f"{_ENGINE}: no config.json in {model_dir}; 'model' must be a known model name "
+                               "or a Hugging Face model directory (config.json + model.safetensors)")
+    try:
+        from transformers import AutoModel
+        from transformers.utils import logging as hf_logging
+    except ImportError:
+        raise EngineStartError(f"{_ENGINE}: the text-embedding task needs transformers "
+                               "(pip install 'sluice[export]')") from None
+    hf_logging.disable_progress_bar()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model = AutoModel.from_pretrained(str(model_dir), local_files_only=True)
+    except Exception as err:  # transformers raises OSError/ValueError/... with long messages
+        raise EngineStartError(f"{_ENGINE}: cannot load the model in {model_dir}: {first_line(err)}") from None
+    return model.eval()
+
+
+def load_factory(spec: str, kwargs: dict[str, Any]) -> Any:
+    """Call ``package.module:function(**kwargs)``; it must return a ``torch.nn.Module``."""
+    import torch
+
+    module_name, _, function_name = spec.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as err:
+        raise EngineStartError(f"{_ENGINE}: cannot import factory module {module_name!r}: "
+                               f"{first_line(err)}") from None
+    function = getattr(module, function_name, None)
+    if not callable(function):
+        raise EngineStartError(f"{_ENGINE}: module {module_name!r} has no callable {function_name!r}")
+    try:
+        built = function(**kwargs)
+    except Exception as err:  # the user's code: any exception
+        raise EngineStartError(f"{_ENGINE}: factory {spec} failed: {first_line(err)}") from None
+    if not isinstance(built, torch.nn.Module):
+        raise EngineStartError(f"{_ENGINE}: factory {spec} returned {type(built).__name__}, "
+                               "not a torch.nn.Module")
+    return built.eval()
+
+
+def load_torchscript(path: Path) -> Any:
+    """A TorchScript archive (``torch.jit.save``), loaded onto the CPU."""
+    import torch
+
+    _must_exist(path)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # TorchScript is deprecated upstream; still loads fine
+            module = torch.jit.load(str(path), map_location="cpu")
+    except Exception as err:
+        raise EngineStartError(f"{_ENGINE}: cannot load TorchScript file {path}: {first_line(err)}") from None
+    return module.eval()
+
+
+def load_exported(path: Path, device: Any) -> Any:
+    """A ``torch.export`` program (``torch.export.save``, ``.pt2``) as a callable module on ``device``."""
+    import torch
+
+    _must_exist(path)
+    try:
+        program = torch.export.load(str(path))
+        if device.type != "cpu":
+            from torch.export.passes import move_to_device_pass
+
+            program = move_to_device_pass(program, device)
+        return program.module()
+    except Exception as err:
+        raise EngineStartError(f"{_ENGINE}: cannot load exported program {path}: {first_line(err)}") from None
+
+
+def _must_exist(path: Path) -> None:
+    if not path.is_file():
+        raise EngineStartError(f"{_ENGINE}: model file {path} does not exist")
+
+
+def first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
