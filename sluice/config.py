@@ -121,6 +121,28 @@ class Runtime(_Strict):
     commit_interval_ms: int = Field(default=1000, ge=10)  # how often stored offsets are committed
 
 
+class Tracing(_Strict):
+    # none: no tracing work at all, input headers (traceparent included) pass through unchanged.
+    exporter: Literal["none", "console", "otlp"] = "none"
+    endpoint: str | None = None  # otlp: collector address; default per protocol (localhost:4317 / :4318)
+    protocol: Literal["grpc", "http"] = "grpc"
+    # Share of new traces recorded; a record with a traceparent follows its sampled flag instead. Every
+    # output gets a traceparent in its input's trace either way; only sampled records cost SDK spans.
+    sample_ratio: float = Field(default=0.01, ge=0, le=1)
+
+
+class Metrics(_Strict):
+    enabled: bool = False  # serve /metrics, /healthz and /readyz over HTTP
+    host: str = "127.0.0.1"  # loopback unless opened up on purpose (0.0.0.0 in a container)
+    port: int = Field(default=9464, ge=0, le=65535)  # 0 picks a free port (tests)
+
+
+class Telemetry(_Strict):
+    tracing: Tracing = Field(default_factory=Tracing)
+    metrics: Metrics = Field(default_factory=Metrics)
+    status: Literal["auto", "off"] = "auto"  # auto: a live line on a terminal, a log line every 10 s otherwise
+
+
 class Pipeline(_Strict):
     name: str = "pipeline"
     source: Source
@@ -131,6 +153,7 @@ class Pipeline(_Strict):
     dead_letter: DeadLetter | None = None
     delivery: Literal["at_least_once"] = "at_least_once"
     runtime: Runtime = Field(default_factory=Runtime)
+    telemetry: Telemetry = Field(default_factory=Telemetry)
 
 
 @dataclass(frozen=True)
