@@ -20,6 +20,9 @@ class Observer:
 
     injects_headers = False  # True: the runner calls ``output_headers`` once per produced record
 
+    def engine_started(self, engine: Any, warmup_s: float) -> None:
+        """Main thread, once, before the runner is built: ``engine.start()`` (load, warm-up) took ``warmup_s``."""
+
     def started(self) -> None:
         """Main thread, once, before the first poll (the engine is started and warmed up by then)."""
 
@@ -54,4 +57,5 @@ class Observer:
         """Main thread, about once a second: a moment for status lines and gauges."""
 
     def stopped(self) -> None:
-        """Main thread, once, after the final commit."""
+        """Main thread, once, after the final commit (or when the operator fails to start after the observer
+        was built: then it releases what the observer holds)."""
