@@ -49,7 +49,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("pipeline", type=Path, help="pipeline YAML file")
     run.add_argument("--max-records", type=int, metavar="N", help="stop after consuming N records")
     run.add_argument("--idle-exit", type=float, metavar="SECONDS",
-                     help="stop once no record has arrived for SECONDS and nothing is in flight")
+                     help="stop once no record has arrived for SECONDS while partitions are assigned, "
+                          "and nothing is in flight")
     run.set_defaults(handler=_run)
 
     validate = sub.add_parser("validate", help="check a pipeline file without running it",

@@ -15,7 +15,15 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any, cast
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    OFFSET_END,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    Producer,
+)
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 
 from sluice.config import KafkaSink as KafkaSinkConfig
@@ -30,9 +38,13 @@ PartitionsCallback = Callable[[list[TopicPartition]], None]
 class KafkaSource:
     """Consumes the pipeline's topics. All methods are called from the operator's main thread."""
 
-    def __init__(self, cfg: KafkaSourceConfig, commit_interval_ms: int, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, cfg: KafkaSourceConfig, commit_interval_ms: int, clock: Callable[[], float] = time.monotonic,
+                 transactional: bool = False) -> None:
+        """``transactional``: offsets are committed only through the producer's transactions
+        (exactly-once), never by this consumer, and only committed input records are read."""
         self.cfg = cfg
         self._clock = clock
+        self.transactional = transactional
         conf: dict[str, Any] = {
             "bootstrap.servers": cfg.bootstrap_servers,
             "group.id": cfg.group_id,
@@ -50,6 +62,8 @@ class KafkaSource:
             "statistics.interval.ms": 5000,
             "stats_cb": self._on_stats,
         }
+        if transactional:
+            conf.update({"enable.auto.commit": False, "isolation.level": "read_committed"})
         conf.update(cfg.config)
         self._consumer = Consumer(conf)
         self._paused: set[TopicPartition] = set()
@@ -146,6 +160,21 @@ class KafkaSource:
         except (ValueError, KeyError, TypeError) as err:
             log.debug("unreadable librdkafka statistics: %s", err)
 
+    def group_metadata(self) -> Any:
+        """The consumer's group metadata, for ``send_offsets_to_transaction`` (fences zombies, KIP-447)."""
+        return self._consumer.consumer_group_metadata()
+
+    def rewind(self, tps: Iterable[TopicPartition]) -> None:
+        """Seek ``tps`` back to their committed offsets (or to auto.offset.reset where none is committed):
+        after an aborted transaction, everything since the last commit is read and processed again."""
+        parts = [KafkaTopicPartition(tp.topic, tp.partition) for tp in tps]
+        if not parts:
+            return
+        reset = OFFSET_BEGINNING if self.cfg.auto_offset_reset == "earliest" else OFFSET_END
+        for part in self._consumer.committed(parts, timeout=30):
+            part.offset = part.offset if part.offset >= 0 else reset
+            self._consumer.seek(part)
+
     def pause(self, tps: Iterable[TopicPartition]) -> None:
         tps = [tp for tp in tps if tp not in self._paused and tp in self.assignment]
         if tps:
@@ -177,7 +206,8 @@ DeliveryCallback = Callable[[KafkaError | None, Message], None]
 class KafkaSink:
     """Produces output and dead-letter records. ``produce`` may be called from any thread."""
 
-    def __init__(self, bootstrap_servers: str, cfg: KafkaSinkConfig | None = None) -> None:
+    def __init__(self, bootstrap_servers: str, cfg: KafkaSinkConfig | None = None,
+                 transactional_id: str | None = None, transaction_timeout_ms: int = 60_000) -> None:
         conf: dict[str, Any] = {
             "bootstrap.servers": bootstrap_servers,
             # No duplicates or reordering from the producer's own retries, and a write counts only once
@@ -189,10 +219,40 @@ class KafkaSink:
             "queue.buffering.max.messages": 500_000,
             "logger": logging.getLogger("sluice.librdkafka.producer"),
         }
+        if transactional_id is not None:
+            conf.update({"transactional.id": transactional_id, "transaction.timeout.ms": transaction_timeout_ms})
         if cfg is not None:
             conf.update(cfg.config)
+        self._conf = conf
         self._producer = Producer(conf)
         self._poller = threading.get_ident()  # the thread that serves delivery reports
+
+    # ---- transactions (exactly-once). Called by the main thread only, never while another thread produces.
+
+    def init_transactions(self, timeout_s: float = 60) -> None:
+        """Register the transactional id: fences an older producer with the same id and aborts (or
+        completes) the transaction it left open."""
+        self._producer.init_transactions(timeout_s)
+
+    def begin_transaction(self) -> None:
+        self._producer.begin_transaction()
+
+    def commit_transaction(self, offsets: dict[TopicPartition, int], group_metadata: Any, timeout_s: float) -> None:
+        """Add the consumer offsets to the open transaction and commit it (outputs and offsets at once)."""
+        if offsets:
+            parts = [KafkaTopicPartition(tp.topic, tp.partition, off) for tp, off in offsets.items()]
+            self._producer.send_offsets_to_transaction(parts, group_metadata, timeout_s)
+        self._producer.commit_transaction(timeout_s)
+
+    def abort_transaction(self, timeout_s: float) -> None:
+        self._producer.abort_transaction(timeout_s)
+
+    def recreate(self) -> None:
+        """Replace the producer by a new one with the same settings (after an ambiguous commit or abort,
+        librdkafka lacking KIP-890): its ``init_transactions`` settles whatever the old one left open."""
+        old, self._producer = self._producer, Producer(self._conf)
+        old.purge()
+        old.flush(0)
 
     def produce(self, topic: str, value: bytes | None, key: bytes | None, headers: list[tuple[str, bytes]],
                 on_delivery: DeliveryCallback) -> None:

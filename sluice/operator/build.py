@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import socket
+import time
 from typing import Any
 
 from sluice.config import LoadedPipeline
 from sluice.engines import registry
 from sluice.engines.base import BatchEngine, EngineContext, EngineStartError
+from sluice.operator.observer import Observer
 from sluice.operator.runner import Runner
 
 
@@ -32,18 +35,46 @@ def build_engine(loaded: LoadedPipeline) -> BatchEngine:
     return engine
 
 
-def build_runner(loaded: LoadedPipeline, **limits: Any) -> tuple[Runner, BatchEngine]:
-    """Engine first (a slow warm-up must not eat into the consumer's poll interval), then Kafka clients."""
+def build_runner(loaded: LoadedPipeline, *, observer: Observer | None = None,
+                 **limits: Any) -> tuple[Runner, BatchEngine]:
+    """Engine first (a slow warm-up must not eat into the consumer's poll interval), then Kafka clients.
+
+    The observer (from the pipeline's ``telemetry`` section unless one is given) comes before the engine,
+    so /healthz answers and /readyz says "warming up" during a long model load.
+    """
     from confluent_kafka import KafkaException
 
     from sluice.connectors.kafka import KafkaSink, KafkaSource
 
     p = loaded.pipeline
-    engine = build_engine(loaded)
+    if observer is None:
+        observer = _build_observer(loaded)
+    started_s = time.monotonic()
     try:
-        source = KafkaSource(p.source.kafka, p.runtime.commit_interval_ms)
-        sink = KafkaSink(p.sink.kafka.bootstrap_servers or p.source.kafka.bootstrap_servers, p.sink.kafka)
+        engine = build_engine(loaded)
+    except BaseException:
+        observer.stopped()
+        raise
+    observer.engine_started(engine, time.monotonic() - started_s)
+    exactly_once = p.delivery == "exactly_once"
+    txn_id = None
+    if exactly_once:
+        txn_id = p.exactly_once.transactional_id or f"sluice-{p.source.kafka.group_id}-{socket.gethostname()}"
+    try:
+        source = KafkaSource(p.source.kafka, p.runtime.commit_interval_ms, transactional=exactly_once)
+        sink = KafkaSink(p.sink.kafka.bootstrap_servers or p.source.kafka.bootstrap_servers, p.sink.kafka,
+                         transactional_id=txn_id, transaction_timeout_ms=p.exactly_once.transaction_timeout_ms)
     except KafkaException as err:
         engine.close()
+        observer.stopped()
         raise StartError(f"kafka client configuration: {err.args[0].str()}") from None
-    return Runner(loaded, source, sink, engine, **limits), engine
+    return Runner(loaded, source, sink, engine, observer=observer, **limits), engine
+
+
+def _build_observer(loaded: LoadedPipeline) -> Observer:
+    from sluice.telemetry import TelemetrySetupError, build_observer
+
+    try:
+        return build_observer(loaded.pipeline)
+    except (TelemetrySetupError, OSError) as err:
+        raise StartError(f"telemetry: {err}") from None

@@ -95,6 +95,11 @@ class OffsetTracker:
         state = self._parts.get(tp)
         return state is None or not state.outstanding
 
+    def forget_all(self) -> None:
+        """Drop every partition (after an aborted transaction, before rewinding the consumer)."""
+        self._parts.clear()
+        self._num_outstanding = 0
+
     def forget(self, tp: TopicPartition) -> None:
         """Drop a partition (revoked or lost); late acks for it are ignored."""
         state = self._parts.pop(tp, None)

@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from sluice.config import LoadedPipeline
 from sluice.engines.base import BatchEngine, RecordError
@@ -33,6 +33,7 @@ from sluice.operator.errors import Failed
 from sluice.operator.observer import Observer
 from sluice.operator.offsets import OffsetTracker
 from sluice.operator.record import InputRecord, Pending, TopicPartition
+from sluice.operator.transactions import TransactionFailed, Transactions
 from sluice.operator.worker import EngineWorker, SharedState
 from sluice.schemas.codec import CodecError, RecordCodec
 
@@ -130,6 +131,11 @@ class Runner:
         self._fatal: str | None = None
         self._max_in_flight = p.runtime.max_in_flight
         self._resume_below = max(1, self._max_in_flight // 2)
+        self.transactions: Transactions | None = None
+        if p.delivery == "exactly_once":
+            self.transactions = Transactions(p.exactly_once, cast(Any, sink), cast(Any, source),
+                                             hold=self._hold_engine, release=self._release_engine,
+                                             watermarks=self._watermarks, forget_all=self._forget_all)
 
     # ------------------------------------------------------------------------------------------- public
 
@@ -143,9 +149,11 @@ class Runner:
         gc_thresholds = _relax_gc()
         self.worker.start()
         self.observer.started()
-        self.source.subscribe(self._on_assign, self._on_revoke, self._on_lost)
         last_store = last_record = last_tick = started
         try:
+            if self.transactions is not None:
+                self.transactions.start(started, 0)
+            self.source.subscribe(self._on_assign, self._on_revoke, self._on_lost)
             while not self._stop.is_set() and self._fatal is None and self.worker.error is None:
                 self._backpressure()
                 limit = _POLL_BATCH if self.max_records is None else min(_POLL_BATCH, self.max_records - self.summary.num_in)
@@ -154,17 +162,22 @@ class Runner:
                 if records:
                     self._intake(records, now)
                     last_record = now
+                elif not self.source.assignment:
+                    last_record = now  # idle time counts only while partitions are assigned
                 self.sink.poll(0)
-                if now - last_store >= self.pipeline.runtime.commit_interval_ms / 1000:
-                    with self.state.cond:
-                        watermarks = self.state.tracker.watermarks()
-                    self.source.store(watermarks)
+                if self.transactions is not None:
+                    if self.transactions.due(now, self.state.num_batches):
+                        self.transactions.commit(now, self.state.num_batches)
+                elif now - last_store >= self.pipeline.runtime.commit_interval_ms / 1000:
+                    self.source.store(self._watermarks())
                     last_store = now
                 if now - last_tick >= _TICK_S:
                     self.observer.tick(now, self.state.tracker.num_in_flight, self.source.lag())
                     last_tick = now
                 if self._finished(now, last_record):
                     break
+        except TransactionFailed as err:
+            self._fatal = str(err)
         finally:
             self._shutdown()
             self.observer.stopped()
@@ -313,22 +326,50 @@ class Runner:
         s = self.state
         with s.cond:
             s.batcher.remove(lambda p: p.record.tp in revoked)
-            s.hold = True
-        while True:  # let the engine finish its batch, serving delivery reports so it can produce
-            with s.cond:
-                if not s.busy or s.stopped:
-                    break
-                s.cond.wait(0.05)
-            self.sink.poll(0)
-        self.sink.flush(self.pipeline.runtime.drain_timeout_s)
+        if self.transactions is not None and self._fatal is None:
+            try:  # commit first: the transaction holds the outputs of these partitions' in-flight records
+                self.transactions.commit(self.clock(), s.num_batches)
+            except TransactionFailed as err:
+                self._fatal = str(err)
+            watermarks: dict[TopicPartition, int] = {}
+        else:
+            self._hold_engine()
+            self.sink.flush(self.pipeline.runtime.drain_timeout_s)
+            watermarks = {tp: off for tp, off in self._watermarks().items() if tp in revoked}
+            self._release_engine()
         with s.cond:
-            watermarks = {tp: off for tp in tps if (off := s.tracker.committable(tp)) is not None}
             for tp in tps:
                 s.tracker.forget(tp)
-            s.hold = False
-            s.cond.notify_all()
         self.source.commit(watermarks)
         self.observer.revoked(tps)
+
+    def _hold_engine(self) -> None:
+        """Stop the engine thread from taking batches and wait for its current one (serving delivery
+        reports meanwhile, so that it can produce)."""
+        s = self.state
+        with s.cond:
+            s.hold = True
+        while True:
+            with s.cond:
+                if not s.busy or s.stopped:
+                    return
+                s.cond.wait(0.05)
+            self.sink.poll(0)
+
+    def _release_engine(self) -> None:
+        with self.state.cond:
+            self.state.hold = False
+            self.state.cond.notify_all()
+
+    def _watermarks(self) -> dict[TopicPartition, int]:
+        with self.state.cond:
+            return self.state.tracker.watermarks()
+
+    def _forget_all(self) -> None:
+        """Drop every queued record and all offset bookkeeping (before rewinding the consumer)."""
+        with self.state.cond:
+            self.state.batcher.remove(lambda p: True)
+            self.state.tracker.forget_all()
 
     def _on_lost(self, tps: list[TopicPartition]) -> None:
         log.warning("lost %s (another member owns them now); nothing of theirs will be committed", _names(tps))
@@ -369,14 +410,21 @@ class Runner:
             log.warning("drain timeout: waiting for the engine to finish its current batch")
             while self.worker.is_alive():
                 self.sink.poll(0.05)
-        left = self.sink.flush(max(1.0, deadline - self.clock()))
-        with s.cond:
-            watermarks = s.tracker.watermarks()
-            unfinished = s.tracker.num_in_flight
-        if left or unfinished:
-            log.warning("drain timeout: %d records unfinished, %d deliveries outstanding; "
-                        "they stay uncommitted and will be processed again", unfinished, left)
-        self.source.commit(watermarks)
+        if self.transactions is not None:
+            if self._fatal is None:
+                try:
+                    self.transactions.commit(self.clock(), s.num_batches, reopen=False)
+                except TransactionFailed as err:
+                    self._fatal = str(err)
+        else:
+            left = self.sink.flush(max(1.0, deadline - self.clock()))
+            with s.cond:
+                watermarks = s.tracker.watermarks()
+                unfinished = s.tracker.num_in_flight
+            if left or unfinished:
+                log.warning("drain timeout: %d records unfinished, %d deliveries outstanding; "
+                            "they stay uncommitted and will be processed again", unfinished, left)
+            self.source.commit(watermarks)
         self.source.close()
 
 

@@ -1,0 +1,35 @@
+"""Tracing (W3C context in Kafka headers), Prometheus metrics, health endpoints and the live status line.
+
+Importing this package imports neither OpenTelemetry nor prometheus_client; :func:`build_observer` pulls
+in only what the pipeline's ``telemetry`` section turns on.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, TextIO
+
+from sluice.config import Pipeline
+from sluice.operator.observer import Observer
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import TracerProvider
+
+
+class TelemetrySetupError(Exception):
+    """A telemetry part cannot start as configured (exporter not installed...). One line for the user."""
+
+
+def build_observer(pipeline: Pipeline, *, tracer_provider: TracerProvider | None = None,
+                   status_stream: TextIO | None = None) -> Observer:
+    """The observer for ``pipeline``: a do-nothing :class:`Observer` when telemetry is all off.
+
+    ``tracer_provider`` replaces the exporter the config names (tests pass one with an in-memory exporter);
+    it turns tracing on even with ``exporter: none``. Starts the metrics/health server when enabled.
+    """
+    cfg = pipeline.telemetry
+    if tracer_provider is None and cfg.tracing.exporter == "none" and not cfg.metrics.enabled and cfg.status == "off":
+        return Observer()
+    from sluice.telemetry.observer import TelemetryObserver
+
+    return TelemetryObserver(pipeline, tracer_provider=tracer_provider, status_stream=status_stream)
+

@@ -1,0 +1,133 @@
+"""Prometheus exposition of :class:`OperatorStats` (and of an LLM engine's own numbers) on a private registry.
+
+A custom collector reads the stats at scrape time, so the hot path never calls prometheus_client. Each
+runner gets its own ``CollectorRegistry`` (never the global one): several pipelines can run in one process.
+
+LLM engines: an engine whose ``stats`` attribute (or property) returns an object with any of the fields
+``num_running``, ``num_waiting``, ``kv_usage``, ``prefix_cache_hit_rate``, ``num_preemptions``,
+``num_prompt_tokens``, ``num_output_tokens`` gets those exported too (fields it lacks are skipped).
+Token rates are counters (use ``rate()``); the status tick also keeps a tokens/s gauge.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from sluice.telemetry.histogram import HistogramSnapshot
+from sluice.telemetry.stats import OperatorStats
+
+log = logging.getLogger(__name__)
+
+# LLM engine stats fields -> (metric name, kind, help)
+_LLM_FIELDS: tuple[tuple[str, str, str, str], ...] = (
+    ("num_running", "sluice_llm_requests_running", "gauge", "LLM requests being decoded or prefilled"),
+    ("num_waiting", "sluice_llm_requests_waiting", "gauge", "LLM requests waiting for KV-cache room"),
+    ("kv_usage", "sluice_llm_kv_cache_usage_ratio", "gauge", "Fraction of KV-cache blocks in use"),
+    ("prefix_cache_hit_rate", "sluice_llm_prefix_cache_hit_ratio", "gauge",
+     "Prompt tokens served by the prefix cache / prompt tokens queried"),
+    ("num_preemptions", "sluice_llm_preemptions", "counter", "Requests preempted (recomputed later)"),
+    ("num_prompt_tokens", "sluice_llm_prompt_tokens", "counter", "Prompt tokens of admitted requests"),
+    ("num_output_tokens", "sluice_llm_output_tokens", "counter", "Tokens generated"),
+)
+
+
+class OperatorCollector(Collector):
+    """Turns one runner's stats into metric families at scrape time."""
+
+    def __init__(self, stats: OperatorStats, pipeline: str,
+                 engine_stats: Callable[[], Any] | None = None,
+                 token_rates: Callable[[], tuple[float, float] | None] | None = None) -> None:
+        self.stats = stats
+        self.pipeline = pipeline
+        self.engine_stats = engine_stats
+        self.token_rates = token_rates
+
+    def describe(self) -> list[Metric]:
+        return []  # families are only known at collect time (LLM fields depend on the engine)
+
+    def collect(self) -> Iterator[Metric]:
+        s = self.stats.snapshot()
+        labels, values = ["pipeline"], [self.pipeline]
+        yield _counter("sluice_records_in", "Records polled from the input topics", labels, values, s.num_in)
+        yield _counter("sluice_records_out", "Outputs acknowledged by the broker", labels, values, s.num_out)
+        dead = CounterMetricFamily("sluice_records_dead_lettered", "Records sent to the dead-letter topic, "
+                                   "by the stage that failed", labels=["pipeline", "stage"])
+        for stage, n in sorted(s.num_dead_lettered.items()):
+            dead.add_metric([self.pipeline, stage], n)
+        yield dead
+        yield _counter("sluice_batches", "Batches run through the engine", labels, values, s.num_batches)
+        yield _histogram("sluice_batch_size_records", "Records per engine batch", s.batch_size, self.pipeline)
+        yield _histogram("sluice_queue_delay_seconds", "Time a record waits between poll and its batch's start",
+                         s.queue_delay_s, self.pipeline)
+        yield _histogram("sluice_inference_seconds", "Engine call per batch (bisection of failures included)",
+                         s.infer_s, self.pipeline)
+        yield _histogram("sluice_end_to_end_latency_seconds",
+                         "From poll to every output of the record acknowledged by the broker",
+                         s.latency_s, self.pipeline)
+        yield _gauge("sluice_records_in_flight", "Records polled and not yet acknowledged", labels, values,
+                     s.num_in_flight)
+        lag = GaugeMetricFamily("sluice_consumer_lag_records", "Records behind the partition's end",
+                                labels=["pipeline", "topic", "partition"])
+        for tp, n in sorted(s.lag.items()):
+            lag.add_metric([self.pipeline, tp.topic, str(tp.partition)], n)
+        yield lag
+        yield _gauge("sluice_assigned_partitions", "Partitions assigned to this process", labels, values,
+                     s.num_assigned)
+        if s.warmup_s is not None:
+            yield _gauge("sluice_engine_warmup_seconds", "Engine start: model load and warm-up", labels, values,
+                         s.warmup_s)
+        yield from self._llm()
+
+    def _llm(self) -> Iterator[Metric]:
+        if self.engine_stats is None:
+            return
+        try:
+            stats = self.engine_stats()
+        except Exception as err:  # a scrape must never take the operator down
+            log.debug("engine stats unavailable: %s", err)
+            return
+        for attr, name, kind, doc in _LLM_FIELDS:
+            value = getattr(stats, attr, None)
+            if value is None:
+                continue
+            make = _counter if kind == "counter" else _gauge
+            yield make(name, doc, ["pipeline"], [self.pipeline], float(value))
+        rates = self.token_rates() if self.token_rates else None
+        if rates is not None:
+            yield _gauge("sluice_llm_prompt_tokens_per_second", "Prompt tokens/s over the last status tick",
+                         ["pipeline"], [self.pipeline], rates[0])
+            yield _gauge("sluice_llm_output_tokens_per_second", "Output tokens/s over the last status tick",
+                         ["pipeline"], [self.pipeline], rates[1])
+
+
+def new_registry(collector: OperatorCollector) -> CollectorRegistry:
+    """A private registry holding only this runner's collector."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    return registry
+
+
+def _counter(name: str, doc: str, labels: list[str], values: list[str], value: float) -> Metric:
+    family = CounterMetricFamily(name, doc, labels=labels)
+    family.add_metric(values, value)
+    return family
+
+
+def _gauge(name: str, doc: str, labels: list[str], values: list[str], value: float) -> Metric:
+    family = GaugeMetricFamily(name, doc, labels=labels)
+    family.add_metric(values, value)
+    return family
+
+
+def _histogram(name: str, doc: str, h: HistogramSnapshot, pipeline: str) -> Metric:
+    family = HistogramMetricFamily(name, doc, labels=["pipeline"])
+    total = h.total if math.isfinite(h.total) else 0.0
+    family.add_metric([pipeline], h.cumulative(), sum_value=total)
+    return family
