@@ -1,0 +1,92 @@
+"""Operator processes (``python -m sluice.cli run FILE``) that a test starts, crashes and stops.
+
+stderr goes to a file, never a pipe: a crashed or paused reader must not block the operator's logging.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class Operator:
+    """One ``sluice run`` process; the test owns it (``close`` kills it if it still runs)."""
+
+    def __init__(self, pipeline: Path, log_path: Path, *, idle_exit_s: float | None = None,
+                 env: Mapping[str, str] | None = None) -> None:
+        args = [sys.executable, "-m", "sluice.cli", "run", str(pipeline)]
+        if idle_exit_s is not None:
+            args += ["--idle-exit", str(idle_exit_s)]
+        self.log_path = log_path
+        self._log = log_path.open("w")
+        self.proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=self._log,
+                                     env={**os.environ, **(env or {})})
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def kill(self) -> None:
+        """SIGKILL: a crash, nothing drained or committed."""
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(30)
+
+    def terminate(self, timeout_s: float = 60) -> int:
+        """SIGTERM: the graceful stop (drain, commit, leave the group). Returns the exit code."""
+        self.proc.send_signal(signal.SIGTERM)
+        return self.wait(timeout_s)
+
+    def wait(self, timeout_s: float) -> int:
+        try:
+            return self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            raise TimeoutError(f"operator {self.pid} still running after {timeout_s}s; log tail:\n"
+                               f"{self.log()[-3000:]}") from None
+
+    def peak_rss_bytes(self) -> int:
+        """Peak resident set size so far (Linux VmHWM); the process must still run."""
+        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+        raise RuntimeError(f"no VmHWM in /proc/{self.pid}/status")
+
+    def rss_bytes(self) -> int:
+        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+        raise RuntimeError(f"no VmRSS in /proc/{self.pid}/status")
+
+    def close(self) -> None:
+        if self.alive():
+            self.proc.kill()
+            self.proc.wait(30)
+        self._log.close()
+
+
+def wait_until(condition: Callable[[], bool], timeout_s: float, what: str,
+               operators: tuple[Operator, ...] = (), interval_s: float = 0.1) -> None:
+    """Poll ``condition`` until true; raise naming ``what`` (with the operators' log tails) on timeout,
+    or as soon as one of ``operators`` exits."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        for op in operators:
+            if not op.alive():
+                raise AssertionError(f"operator {op.pid} exited ({op.proc.returncode}) while waiting for {what}:\n"
+                                     f"{op.log()[-3000:]}")
+        if time.monotonic() > deadline:
+            tails = "\n".join(f"--- operator {op.pid}:\n{op.log()[-2000:]}" for op in operators)
+            raise TimeoutError(f"waited {timeout_s}s for {what}\n{tails}")
+        time.sleep(interval_s)
