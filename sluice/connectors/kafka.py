@@ -25,6 +25,7 @@ from confluent_kafka import (
     Producer,
 )
 from confluent_kafka import TopicPartition as KafkaTopicPartition
+from confluent_kafka.admin import AdminClient, ConfigResource
 
 from sluice.config import KafkaSink as KafkaSinkConfig
 from sluice.config import KafkaSource as KafkaSourceConfig
@@ -286,3 +287,26 @@ class KafkaSink:
 
     def __len__(self) -> int:
         return len(self._producer)
+
+    def max_message_bytes(self, topic: str) -> int:
+        """The largest record ``topic`` accepts: the smaller of its ``max.message.bytes`` and this producer's
+        ``message.max.bytes``, less room for the record's own framing. Falls back to the producer's limit
+        when the topic's configuration cannot be read (no describe permission, say)."""
+        producer_limit = int(self._conf.get("message.max.bytes", 1_000_000))
+        admin = AdminClient({k: v for k, v in self._conf.items() if not _producer_only(k)})
+        try:
+            resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
+            configs = admin.describe_configs([resource])[resource].result(timeout=15)
+            topic_limit = int(configs["max.message.bytes"].value)
+        except (KafkaException, KeyError, ValueError) as err:
+            log.warning("cannot read max.message.bytes of topic %s (%s); assuming %d", topic, err, producer_limit)
+            topic_limit = producer_limit
+        return min(topic_limit, producer_limit) - _RECORD_OVERHEAD_BYTES
+
+
+_RECORD_OVERHEAD_BYTES = 512  # record and batch framing around key, value and headers
+
+
+def _producer_only(key: str) -> bool:
+    return key in ("enable.idempotence", "acks", "linger.ms", "queue.buffering.max.messages", "transactional.id",
+                   "transaction.timeout.ms", "logger", "message.max.bytes") or key.startswith("batch.")

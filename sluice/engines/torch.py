@@ -142,7 +142,7 @@ class TorchEngine(BatchEngine):
             return [self._raw.prepare(value) for value in values]
         if self._embedding is None:
             raise RuntimeError("TorchEngine.prepare called before start()")
-        return self._embedding.tokenize([_as_text(value) for value in values])
+        return self._embedding.tokenize([as_text(value) for value in values])
 
     def item_length(self, item: Any) -> int:
         return item.num_tokens if isinstance(item, TokenizedText) else 1
@@ -265,7 +265,8 @@ def _to_numpy(torch: Any, tensor: Any) -> np.ndarray:
     return array
 
 
-def _as_text(value: Any) -> str:
+def as_text(value: Any) -> str:
+    """A record value as text (bytes decoded as UTF-8); RecordError for anything else."""
     if isinstance(value, str):
         return value
     if isinstance(value, bytes):

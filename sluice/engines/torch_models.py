@@ -26,7 +26,7 @@ def load_hf_encoder(model_dir: Path) -> Any:
         from transformers.utils import logging as hf_logging
     except ImportError:
         raise EngineStartError(f"{_ENGINE}: the text-embedding task needs transformers "
-                               "(pip install 'sluice[export]')") from None
+                               "(pip install 'sluice[torch]')") from None
     hf_logging.disable_progress_bar()
     try:
         with warnings.catch_warnings():

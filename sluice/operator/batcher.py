@@ -126,22 +126,24 @@ class Batcher(Generic[T]):
         heads = [b.entries[0].deadline_s for b in self._buckets.values() if b.entries]
         return min(heads) if heads else None
 
-    def next_batch(self, now: float) -> list[T] | None:
+    def next_batch(self, now: float, max_size: int | None = None) -> list[T] | None:
         """Close and return the batch that is due at ``now``, or None when no batch is due yet.
 
-        Call it only when the engine can take a batch: a due batch keeps growing until then.
+        Call it only when the engine can take a batch: a due batch keeps growing until then. ``max_size``
+        lowers ``max_batch_size`` for this call (after the engine ran out of memory, say).
         """
-        key = self._due_bucket(now)
+        size = self.policy.max_batch_size if max_size is None else max(1, min(max_size, self.policy.max_batch_size))
+        key = self._due_bucket(now, size)
         if key is None:
             return None
-        return self._take(key, now)
+        return self._take(key, now, size)
 
     def drain(self) -> list[list[T]]:
         """Every queued item, cut into batches that respect the size and token caps (for shutdown)."""
         batches = []
         while self._count:
             key = min(self._buckets, key=lambda k: self._buckets[k].entries[0].seq)
-            batches.append(self._take(key, now=float("inf")))
+            batches.append(self._take(key, float("inf"), self.policy.max_batch_size))
         return batches
 
     def remove(self, predicate: Callable[[T], bool]) -> list[T]:
@@ -162,24 +164,24 @@ class Batcher(Generic[T]):
 
     # ------------------------------------------------------------------------------------------ inner
 
-    def _is_full(self, bucket: _Bucket[T]) -> bool:
+    def _is_full(self, bucket: _Bucket[T], size: int) -> bool:
         p = self.policy
-        if len(bucket.entries) >= p.max_batch_size:
+        if len(bucket.entries) >= size:
             return True
         return p.max_batch_tokens is not None and len(bucket.entries) * bucket.max_length >= p.max_batch_tokens
 
-    def _due_bucket(self, now: float) -> int | None:
+    def _due_bucket(self, now: float, size: int) -> int | None:
         expired_key, expired_seq = None, None
         full_key, full_seq = None, None
         for key, bucket in self._buckets.items():
             head = bucket.entries[0]
             if head.deadline_s <= now and (expired_seq is None or head.seq < expired_seq):
                 expired_key, expired_seq = key, head.seq
-            elif self._is_full(bucket) and (full_seq is None or head.seq < full_seq):
+            elif self._is_full(bucket, size) and (full_seq is None or head.seq < full_seq):
                 full_key, full_seq = key, head.seq
         return expired_key if expired_key is not None else full_key
 
-    def _take(self, key: int, now: float) -> list[T]:
+    def _take(self, key: int, now: float, size: int) -> list[T]:
         """Cut one batch starting from bucket ``key``; top it up from neighbouring buckets if it is due by
         time and still has room, so expired records elsewhere are not left behind."""
         p = self.policy
@@ -191,7 +193,7 @@ class Batcher(Generic[T]):
             order += sorted((k for k in self._buckets if k != key), key=lambda k: (abs(k - key), k))
         for k in order:
             bucket = self._buckets[k]
-            while bucket.entries and len(batch) < p.max_batch_size:
+            while bucket.entries and len(batch) < size:
                 entry = bucket.entries[0]
                 new_longest = max(longest, entry.length)
                 if batch and p.max_batch_tokens is not None and (len(batch) + 1) * new_longest > p.max_batch_tokens:
@@ -200,7 +202,7 @@ class Batcher(Generic[T]):
                 longest = new_longest
             if not bucket.entries:
                 del self._buckets[k]
-            if len(batch) >= p.max_batch_size:
+            if len(batch) >= size:
                 break
         self._count -= len(batch)
         return [e.item for e in batch]

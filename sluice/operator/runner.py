@@ -64,6 +64,11 @@ class Sink(Protocol):
                 on_delivery: Any) -> None: ...
     def poll(self, timeout_s: float = 0) -> int: ...
     def flush(self, timeout_s: float) -> int: ...
+    def max_message_bytes(self, topic: str) -> int: ...
+
+
+class OversizedResult(Exception):
+    """A result is larger than the output topic accepts."""
 
 
 class _Delivery:
@@ -118,6 +123,7 @@ class Runner:
         self.out_topic = p.sink.kafka.topic
         self.dlq_topic = p.dead_letter.topic if p.dead_letter else None
         self.max_records, self.idle_exit_s, self.clock = max_records, idle_exit_s, clock
+        self._max_output_bytes = 1_000_000  # read from the output topic when the run starts
         b = p.batching
         policy = BatchPolicy(max_batch_size=b.max_batch_size, max_queue_delay_s=b.max_queue_delay_ms / 1000,
                              bucket_by_length=b.bucket_by == "tokens", max_batch_tokens=b.max_batch_tokens,
@@ -146,6 +152,7 @@ class Runner:
     def run(self) -> RunSummary:
         """Consume until stopped, then drain, flush, commit. The engine must already be started."""
         started = self.clock()
+        self._max_output_bytes = self.sink.max_message_bytes(self.out_topic)
         gc_thresholds = _relax_gc()
         self.worker.start()
         self.observer.started()
@@ -255,6 +262,11 @@ class Runner:
             headers = source_headers(r)
             if self.observer.injects_headers:
                 headers += self.observer.output_headers(r, None)
+            if len(value) > self._max_output_bytes - 4096 and _size(value, key, headers) > self._max_output_bytes:
+                failed.append((r, "produce", OversizedResult(
+                    f"the output is {_size(value, key, headers)} bytes; topic {topic} accepts at most "
+                    f"{self._max_output_bytes} (raise its max.message.bytes, or shrink the result)")))
+                continue
             outputs.append((topic, value, key, headers))
             records.append(r)
         self._produce(records, outputs, failed)
@@ -442,6 +454,10 @@ def _relax_gc() -> tuple[int, int, int]:
     gc.freeze()
     gc.set_threshold(50_000, 20, 100)
     return old
+
+
+def _size(value: bytes, key: bytes | None, headers: list[tuple[str, bytes]]) -> int:
+    return len(value) + len(key or b"") + sum(len(k) + len(v or b"") for k, v in headers)
 
 
 def _names(tps: list[TopicPartition]) -> str:

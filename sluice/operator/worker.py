@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from sluice.engines.base import BatchEngine
 from sluice.operator.batcher import Batcher
-from sluice.operator.errors import Failed, infer_isolating
+from sluice.operator.errors import BatchSizeGovernor, Failed, infer_isolating
 from sluice.operator.observer import Observer
 from sluice.operator.offsets import OffsetTracker
 from sluice.operator.record import Pending
@@ -52,6 +52,7 @@ class EngineWorker(threading.Thread):
         self.settle = settle
         self.clock = clock
         self.observer = observer
+        self.governor = BatchSizeGovernor(state.batcher.policy.max_batch_size)
         self.error: BaseException | None = None
 
     def run(self) -> None:
@@ -78,7 +79,7 @@ class EngineWorker(threading.Thread):
                     return None
                 now = self.clock()
                 if not s.hold:
-                    batch = s.batcher.next_batch(float("inf") if s.draining else now)
+                    batch = s.batcher.next_batch(float("inf") if s.draining else now, self.governor.limit)
                     if batch:
                         s.busy = True
                         s.num_batches += 1
@@ -92,7 +93,7 @@ class EngineWorker(threading.Thread):
     def _process(self, batch: list[Pending]) -> None:
         started_s = self.clock()
         handle = self.observer.batch_started(batch, started_s)
-        outcomes = infer_isolating(self.engine.infer, [p.item for p in batch])
+        outcomes = infer_isolating(self.engine.infer, [p.item for p in batch], self.governor)
         num_failed = sum(1 for o in outcomes if isinstance(o, Failed))
         self.observer.batch_finished(handle, batch, self.clock() - started_s, num_failed)
         self.settle(batch, outcomes)

@@ -18,3 +18,8 @@ def fail_on_poison(texts: list[str]) -> list[str]:
     if any("poison" in t for t in texts):
         raise ValueError("the model cannot digest 'poison'")
     return tag(texts)
+
+
+def inflate(texts: list[str]) -> list[str]:
+    """Blows up the result of records that ask for it: more than a small output topic accepts."""
+    return ["x" * 50_000 if "big" in t else t.upper() for t in texts]

@@ -185,3 +185,24 @@ def test_sigterm_mid_stream_then_restart_loses_nothing(kafka_bootstrap: str, tmp
     assert set(seqs) == set(range(n))  # every input has an output
     assert len(seqs) == n  # a graceful stop commits everything it produced: no duplicates at all
     assert committed_offsets(kafka_bootstrap, group, t_in) == end_offsets(kafka_bootstrap, t_in)
+
+
+def test_results_too_large_for_the_output_topic_are_dead_lettered(kafka_bootstrap: str, tmp_path: Path) -> None:
+    t_in, t_out, t_dlq = unique_topic("in"), unique_topic("out"), unique_topic("dlq")
+    create_topic(kafka_bootstrap, t_in, 1)
+    create_topic(kafka_bootstrap, t_out, 1, config={"max.message.bytes": "20000"})
+    create_topic(kafka_bootstrap, t_dlq, 1)
+    texts = ["big one" if i % 10 == 3 else f"small {i}" for i in range(100)]
+    produce(kafka_bootstrap, t_in, [(str(i), json.dumps({"text": t})) for i, t in enumerate(texts)])
+    group = unique_topic("g")
+    pipeline = write_pipeline(tmp_path / "p.yaml", kafka_bootstrap, t_in, t_out, group, dlq=t_dlq,
+                              function="tests.integration.funcs:inflate")
+    proc = sluice("run", str(pipeline), "--idle-exit", "3")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert len(consume_all(kafka_bootstrap, t_out, expected_count=90)) == 90
+    dlq = consume_all(kafka_bootstrap, t_dlq, expected_count=10)
+    assert sorted(int(r.key) for r in dlq) == [i for i in range(100) if i % 10 == 3]
+    h = headers_of(dlq[0])
+    assert h["sluice.error.stage"] == "produce" and h["sluice.error.class"] == "OversizedResult"
+    assert "accepts at most" in h["sluice.error.message"]
+    assert committed_offsets(kafka_bootstrap, group, t_in) == end_offsets(kafka_bootstrap, t_in)
