@@ -7,7 +7,7 @@ At-least-once, step by step, for every input record:
 
 1. ``tracker.track`` as soon as it is polled -- before anything can be produced for it;
 2. its output (or dead-letter record) is produced together with the rest of its batch, under one
-   :class:`_Delivery` whose count of outstanding reports is set before the first produce;
+   delivery callback whose count of outstanding reports is set before the first produce (``emitter.py``);
 3. ``tracker.ack`` once every record of that batch has a successful delivery report;
 4. only the tracker's watermark is stored, and librdkafka commits what was stored.
 
@@ -28,8 +28,7 @@ from typing import Any, Protocol, cast
 from sluice.config import LoadedPipeline
 from sluice.engines.base import BatchEngine, RecordError
 from sluice.operator.batcher import Batcher, BatchPolicy
-from sluice.operator.dead_letter import dead_letter, source_headers
-from sluice.operator.errors import Failed
+from sluice.operator.emitter import Emitter, Sink
 from sluice.operator.observer import Observer
 from sluice.operator.offsets import OffsetTracker
 from sluice.operator.record import InputRecord, Pending, TopicPartition
@@ -59,42 +58,6 @@ class Source(Protocol):
     def close(self) -> None: ...
 
 
-class Sink(Protocol):
-    def produce(self, topic: str, value: bytes | None, key: bytes | None, headers: list[tuple[str, bytes]],
-                on_delivery: Any) -> None: ...
-    def poll(self, timeout_s: float = 0) -> int: ...
-    def flush(self, timeout_s: float) -> int: ...
-    def max_message_bytes(self, topic: str) -> int: ...
-
-
-class OversizedResult(Exception):
-    """A result is larger than the output topic accepts."""
-
-
-class _Delivery:
-    """Delivery-report callback shared by all records produced together (one batch, or one poll's rejects).
-
-    Called by librdkafka once per produced record, on the thread that serves delivery reports (the main
-    thread: the engine thread never polls the producer), so ``left`` needs no lock.
-    """
-
-    __slots__ = ("runner", "records", "left", "num_dead_lettered")
-
-    def __init__(self, runner: Runner, records: list[InputRecord]) -> None:
-        self.runner = runner
-        self.records = records  # the inputs whose outputs this delivery carries
-        self.left = 0
-        self.num_dead_lettered = 0
-
-    def __call__(self, err: Any, msg: Any) -> None:
-        if err is not None:
-            self.runner._delivery_failed(err, msg)  # never acked: nothing past its inputs is committed
-            return
-        self.left -= 1
-        if self.left == 0:
-            self.runner._delivered(self)
-
-
 @dataclass
 class RunSummary:
     num_in: int = 0
@@ -120,10 +83,7 @@ class Runner:
         self.pipeline = p
         self.source, self.sink, self.engine = source, sink, engine
         self.codec = RecordCodec(p.codec, p.sink.output)
-        self.out_topic = p.sink.kafka.topic
-        self.dlq_topic = p.dead_letter.topic if p.dead_letter else None
         self.max_records, self.idle_exit_s, self.clock = max_records, idle_exit_s, clock
-        self._max_output_bytes = 1_000_000  # read from the output topic when the run starts
         b = p.batching
         policy = BatchPolicy(max_batch_size=b.max_batch_size, max_queue_delay_s=b.max_queue_delay_ms / 1000,
                              bucket_by_length=b.bucket_by == "tokens", max_batch_tokens=b.max_batch_tokens,
@@ -131,10 +91,10 @@ class Runner:
         self.state = SharedState(batcher=Batcher(policy), tracker=OffsetTracker())
         self._measure = policy.bucket_by_length or policy.max_batch_tokens is not None  # need item lengths?
         self.observer = observer or Observer()
-        self.worker = EngineWorker(self.state, engine, self._settle, clock, self.observer)
         self.summary = RunSummary()
+        self.emitter = Emitter(p, sink, self.codec, self.state, self.observer, self.summary, clock)
+        self.worker = EngineWorker(self.state, engine, self.emitter.settle, clock, self.observer)
         self._stop = threading.Event()
-        self._fatal: str | None = None
         self._max_in_flight = p.runtime.max_in_flight
         self._resume_below = max(1, self._max_in_flight // 2)
         self.transactions: Transactions | None = None
@@ -152,7 +112,7 @@ class Runner:
     def run(self) -> RunSummary:
         """Consume until stopped, then drain, flush, commit. The engine must already be started."""
         started = self.clock()
-        self._max_output_bytes = self.sink.max_message_bytes(self.out_topic)
+        self.emitter.read_topic_limits()
         gc_thresholds = _relax_gc()
         self.worker.start()
         self.observer.started()
@@ -161,7 +121,7 @@ class Runner:
             if self.transactions is not None:
                 self.transactions.start(started, 0)
             self.source.subscribe(self._on_assign, self._on_revoke, self._on_lost)
-            while not self._stop.is_set() and self._fatal is None and self.worker.error is None:
+            while not self._stop.is_set() and self.emitter.fatal is None and self.worker.error is None:
                 self._backpressure()
                 limit = _POLL_BATCH if self.max_records is None else min(_POLL_BATCH, self.max_records - self.summary.num_in)
                 records = self.source.poll(limit, _POLL_TIMEOUT_S) if limit > 0 else []
@@ -184,7 +144,7 @@ class Runner:
                 if self._finished(now, last_record):
                     break
         except TransactionFailed as err:
-            self._fatal = str(err)
+            self.emitter.fatal = str(err)
         finally:
             self._shutdown()
             self.observer.stopped()
@@ -193,7 +153,7 @@ class Runner:
         self.summary.elapsed_s = self.clock() - started
         self.summary.num_batches = self.state.num_batches
         self.summary.num_batched_records = self.state.num_batched_records
-        self.summary.error = self._fatal or (repr(self.worker.error) if self.worker.error else None)
+        self.summary.error = self.emitter.fatal or (repr(self.worker.error) if self.worker.error else None)
         return self.summary
 
     # ------------------------------------------------------------------------------------------- intake
@@ -216,7 +176,7 @@ class Runner:
         with s.cond:
             s.batcher.add_many(accepted, now)
             s.cond.notify_all()
-        self._produce([], [], rejected)
+        self.emitter.emit([], [], rejected)
 
     def _prepare(self, decoded: list[tuple[InputRecord, Any, Any]],
                  rejected: list[tuple[InputRecord, str, BaseException | None]]) -> list[tuple[Pending, int]]:
@@ -238,78 +198,6 @@ class Runner:
             except Exception as err:  # RecordError, or an engine bug on this one input
                 rejected.append((r, "prepare", err if isinstance(err, RecordError) else RecordError(repr(err))))
         return accepted
-
-    # -------------------------------------------------------------------------------------- engine side
-
-    def _settle(self, batch: list[Pending], outcomes: list[object]) -> None:
-        """Engine thread: encode each result and produce it (or its dead-letter record)."""
-        codec, topic = self.codec, self.out_topic
-        keep_key = self.pipeline.sink.output.key == "input"
-        outputs: list[tuple[str, bytes | None, bytes | None, list[tuple[str, bytes]]]] = []
-        records: list[InputRecord] = []
-        failed: list[tuple[InputRecord, str, BaseException | None]] = []
-        for pending, outcome in zip(batch, outcomes, strict=True):
-            r = pending.record
-            if isinstance(outcome, Failed):
-                failed.append((r, "infer", outcome.error))
-                continue
-            try:
-                value = codec.encode(pending.document, outcome)
-                key = r.key if keep_key else codec.output_key(pending.document, r.key)
-            except CodecError as err:
-                failed.append((r, err.stage, err))
-                continue
-            headers = source_headers(r)
-            if self.observer.injects_headers:
-                headers += self.observer.output_headers(r, None)
-            if len(value) > self._max_output_bytes - 4096 and _size(value, key, headers) > self._max_output_bytes:
-                failed.append((r, "produce", OversizedResult(
-                    f"the output is {_size(value, key, headers)} bytes; topic {topic} accepts at most "
-                    f"{self._max_output_bytes} (raise its max.message.bytes, or shrink the result)")))
-                continue
-            outputs.append((topic, value, key, headers))
-            records.append(r)
-        self._produce(records, outputs, failed)
-
-    def _produce(self, records: list[InputRecord],
-                 outputs: list[tuple[str, bytes | None, bytes | None, list[tuple[str, bytes]]]],
-                 failed: list[tuple[InputRecord, str, BaseException | None]]) -> None:
-        """Produce outputs (one per record in ``records``) and dead-letter records for ``failed``; the inputs
-        are acked together once every one of them is delivered."""
-        delivery = _Delivery(self, records)
-        if failed:
-            self.observer.rejected(failed)
-        for r, stage, err in failed:
-            if self.dlq_topic is None:
-                self._fatal = (f"record {r.tp.topic}[{r.tp.partition}]@{r.offset} failed at {stage}: {err}; "
-                               "no dead_letter topic is configured, so the operator stops here without "
-                               "committing past it (configure dead_letter.topic to divert such records)")
-                continue  # never acked: the watermark stays before it
-            out = dead_letter(r, self.dlq_topic, stage, err or "unknown error")
-            log.debug("dead-lettering %s[%d]@%d at %s: %s", r.tp.topic, r.tp.partition, r.offset, stage, err)
-            if self.observer.injects_headers:
-                out.headers.extend(self.observer.output_headers(r, stage))
-            records.append(r)
-            outputs.append((out.topic, out.value, out.key, out.headers))
-            delivery.num_dead_lettered += 1
-        if not outputs:
-            return
-        delivery.left = len(outputs)  # (2) set before the first produce can be reported
-        produce = self.sink.produce
-        for topic, value, key, headers in outputs:
-            produce(topic, value, key, headers, delivery)
-
-    def _delivered(self, delivery: _Delivery) -> None:
-        """Main thread, from a delivery report: every output of ``delivery`` is on the broker."""
-        self.summary.num_out += len(delivery.records) - delivery.num_dead_lettered
-        self.summary.num_dead_lettered += delivery.num_dead_lettered
-        with self.state.cond:
-            self.state.tracker.ack_many((r.tp, r.offset) for r in delivery.records)  # (3)
-        self.observer.delivered(delivery.records, delivery.num_dead_lettered, self.clock())
-
-    def _delivery_failed(self, err: Any, msg: Any) -> None:
-        self._fatal = (f"could not deliver a record to {msg.topic()}: {err.str()}; "
-                       "stopping without committing past its input")
 
     # ----------------------------------------------------------------------------- flow and rebalances
 
@@ -338,11 +226,11 @@ class Runner:
         s = self.state
         with s.cond:
             s.batcher.remove(lambda p: p.record.tp in revoked)
-        if self.transactions is not None and self._fatal is None:
+        if self.transactions is not None and self.emitter.fatal is None:
             try:  # commit first: the transaction holds the outputs of these partitions' in-flight records
                 self.transactions.commit(self.clock(), s.num_batches)
             except TransactionFailed as err:
-                self._fatal = str(err)
+                self.emitter.fatal = str(err)
             watermarks: dict[TopicPartition, int] = {}
         else:
             self._hold_engine()
@@ -408,7 +296,7 @@ class Runner:
         s = self.state
         with s.cond:
             s.draining = True
-            if self._fatal is not None:
+            if self.emitter.fatal is not None:
                 s.stopped = True
             s.cond.notify_all()
         while self.worker.is_alive() and self.clock() < deadline:
@@ -423,11 +311,11 @@ class Runner:
             while self.worker.is_alive():
                 self.sink.poll(0.05)
         if self.transactions is not None:
-            if self._fatal is None:
+            if self.emitter.fatal is None:
                 try:
                     self.transactions.commit(self.clock(), s.num_batches, reopen=False)
                 except TransactionFailed as err:
-                    self._fatal = str(err)
+                    self.emitter.fatal = str(err)
         else:
             left = self.sink.flush(max(1.0, deadline - self.clock()))
             with s.cond:
@@ -454,10 +342,6 @@ def _relax_gc() -> tuple[int, int, int]:
     gc.freeze()
     gc.set_threshold(50_000, 20, 100)
     return old
-
-
-def _size(value: bytes, key: bytes | None, headers: list[tuple[str, bytes]]) -> int:
-    return len(value) + len(key or b"") + sum(len(k) + len(v or b"") for k, v in headers)
 
 
 def _names(tps: list[TopicPartition]) -> str:

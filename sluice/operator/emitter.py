@@ -1,0 +1,152 @@
+"""The output side: results become output records (or dead-letter records), are produced, and their
+delivery reports acknowledge the inputs in the offset tracker.
+
+``settle`` runs on the engine thread (a finished batch); ``emit`` also on the intake thread (records that
+failed to decode). Delivery reports arrive on the main thread, the only one that polls the producer.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
+
+from sluice.config import Pipeline
+from sluice.operator.dead_letter import dead_letter, source_headers
+from sluice.operator.errors import Failed
+from sluice.operator.observer import Observer
+from sluice.operator.record import InputRecord, Pending
+from sluice.operator.worker import SharedState
+from sluice.schemas.codec import CodecError, RecordCodec
+
+if TYPE_CHECKING:
+    from sluice.operator.runner import RunSummary
+
+log = logging.getLogger(__name__)
+
+Output = tuple[str, bytes | None, bytes | None, list[tuple[str, bytes]]]  # topic, value, key, headers
+Failure = tuple[InputRecord, str, BaseException | None]  # record, stage, error
+
+
+class Sink(Protocol):
+    def produce(self, topic: str, value: bytes | None, key: bytes | None, headers: list[tuple[str, bytes]],
+                on_delivery: Any) -> None: ...
+    def poll(self, timeout_s: float = 0) -> int: ...
+    def flush(self, timeout_s: float) -> int: ...
+    def max_message_bytes(self, topic: str) -> int: ...
+
+
+class OversizedResult(Exception):
+    """A result is larger than the output topic accepts."""
+
+
+class _Delivery:
+    """Delivery-report callback shared by all records produced together (one batch, or one poll's rejects).
+
+    Called by librdkafka once per produced record, on the thread that serves delivery reports (the main
+    thread: the engine thread never polls the producer), so ``left`` needs no lock.
+    """
+
+    __slots__ = ("emitter", "records", "left", "num_dead_lettered")
+
+    def __init__(self, emitter: Emitter, records: list[InputRecord]) -> None:
+        self.emitter = emitter
+        self.records = records  # the inputs whose outputs this delivery carries
+        self.left = 0
+        self.num_dead_lettered = 0
+
+    def __call__(self, err: Any, msg: Any) -> None:
+        if err is not None:
+            self.emitter.delivery_failed(err, msg)  # never acked: nothing past its inputs is committed
+            return
+        self.left -= 1
+        if self.left == 0:
+            self.emitter.delivered(self)
+
+
+class Emitter:
+    """Encodes, produces and acknowledges. ``fatal`` is set when the operator must stop."""
+
+    def __init__(self, pipeline: Pipeline, sink: Sink, codec: RecordCodec, state: SharedState, observer: Observer,
+                 summary: RunSummary, clock: Callable[[], float]) -> None:
+        self.sink, self.codec, self.state, self.observer, self.summary, self.clock = (
+            sink, codec, state, observer, summary, clock)
+        self.out_topic = pipeline.sink.kafka.topic
+        self.dlq_topic = pipeline.dead_letter.topic if pipeline.dead_letter else None
+        self.keep_key = pipeline.sink.output.key == "input"
+        self.max_output_bytes = 1_000_000  # replaced by the topic's own limit in read_topic_limits
+        self.fatal: str | None = None
+
+    def read_topic_limits(self) -> None:
+        self.max_output_bytes = self.sink.max_message_bytes(self.out_topic)
+
+    def settle(self, batch: list[Pending], outcomes: list[object]) -> None:
+        """Engine thread: encode each result and produce it (or its dead-letter record)."""
+        codec, topic, limit = self.codec, self.out_topic, self.max_output_bytes
+        outputs: list[Output] = []
+        records: list[InputRecord] = []
+        failed: list[Failure] = []
+        for pending, outcome in zip(batch, outcomes, strict=True):
+            r = pending.record
+            if isinstance(outcome, Failed):
+                failed.append((r, "infer", outcome.error))
+                continue
+            try:
+                value = codec.encode(pending.document, outcome)
+                key = r.key if self.keep_key else codec.output_key(pending.document, r.key)
+            except CodecError as err:
+                failed.append((r, err.stage, err))
+                continue
+            headers = source_headers(r)
+            if self.observer.injects_headers:
+                headers += self.observer.output_headers(r, None)
+            if len(value) > limit - 4096 and (size := _size(value, key, headers)) > limit:
+                failed.append((r, "produce", OversizedResult(
+                    f"the output is {size} bytes; topic {topic} accepts at most {limit} "
+                    "(raise its max.message.bytes, or shrink the result)")))
+                continue
+            outputs.append((topic, value, key, headers))
+            records.append(r)
+        self.emit(records, outputs, failed)
+
+    def emit(self, records: list[InputRecord], outputs: list[Output], failed: list[Failure]) -> None:
+        """Produce ``outputs`` (one per record in ``records``) and dead-letter records for ``failed``; the
+        inputs are acked together once every one of them is delivered."""
+        delivery = _Delivery(self, records)
+        if failed:
+            self.observer.rejected(failed)
+        for r, stage, err in failed:
+            if self.dlq_topic is None:
+                self.fatal = (f"record {r.tp.topic}[{r.tp.partition}]@{r.offset} failed at {stage}: {err}; "
+                              "no dead_letter topic is configured, so the operator stops here without "
+                              "committing past it (configure dead_letter.topic to divert such records)")
+                continue  # never acked: the watermark stays before it
+            out = dead_letter(r, self.dlq_topic, stage, err or "unknown error")
+            log.debug("dead-lettering %s[%d]@%d at %s: %s", r.tp.topic, r.tp.partition, r.offset, stage, err)
+            if self.observer.injects_headers:
+                out.headers.extend(self.observer.output_headers(r, stage))
+            records.append(r)
+            outputs.append((out.topic, out.value, out.key, out.headers))
+            delivery.num_dead_lettered += 1
+        if not outputs:
+            return
+        delivery.left = len(outputs)  # set before the first produce can be reported
+        produce = self.sink.produce
+        for topic, value, key, headers in outputs:
+            produce(topic, value, key, headers, delivery)
+
+    def delivered(self, delivery: _Delivery) -> None:
+        """Main thread, from a delivery report: every output of ``delivery`` is on the broker."""
+        self.summary.num_out += len(delivery.records) - delivery.num_dead_lettered
+        self.summary.num_dead_lettered += delivery.num_dead_lettered
+        with self.state.cond:
+            self.state.tracker.ack_many((r.tp, r.offset) for r in delivery.records)
+        self.observer.delivered(delivery.records, delivery.num_dead_lettered, self.clock())
+
+    def delivery_failed(self, err: Any, msg: Any) -> None:
+        self.fatal = (f"could not deliver a record to {msg.topic()}: {err.str()}; "
+                      "stopping without committing past its input")
+
+
+def _size(value: bytes, key: bytes | None, headers: list[tuple[str, bytes]]) -> int:
+    return len(value) + len(key or b"") + sum(len(k) + len(v or b"") for k, v in headers)
