@@ -5,7 +5,10 @@ first to the last output record's produce timestamp, so group-join time does not
 per record (this process, librdkafka's threads included) is printed too: on a busy machine it is the
 steadier measure.
 
-    python bench/operator_overhead.py [--records 200000] [--bootstrap HOST:PORT]
+    python bench/operator_overhead.py [--records 200000] [--bootstrap HOST:PORT] [--tracing]
+
+--tracing adds two rows at the largest batch size, tracing off and tracing on (default sampling, spans
+handed to an exporter that drops them), to measure what tracing costs in the same run.
 
 Without --bootstrap (or SLUICE_KAFKA_BOOTSTRAP) a single-node broker is started in a temp dir.
 """
@@ -21,11 +24,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from collections.abc import Sequence  # noqa: E402
+
 from common import RESULTS, ROOT, broker, output_rate  # noqa: E402
 from confluent_kafka import Consumer, Producer  # noqa: E402
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider  # noqa: E402
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult  # noqa: E402
 
-from sluice.config import parse_pipeline  # noqa: E402
+from sluice.config import Tracing, parse_pipeline  # noqa: E402
 from sluice.operator.build import build_runner  # noqa: E402
+from sluice.telemetry import build_observer  # noqa: E402
 from tests.support.kafka import create_topic, produce, unique_topic  # noqa: E402
 
 
@@ -55,7 +63,16 @@ def plain_loop(bootstrap: str, topic_in: str, topic_out: str, n: int) -> None:
     consumer.close()
 
 
-def sluice_run(bootstrap: str, topic_in: str, topic_out: str, n: int, batch: int) -> None:
+class _DropSpans(SpanExporter):
+    """A no-op exporter: the SDK does all its work, nothing leaves the process."""
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        return SpanExportResult.SUCCESS
+
+
+def sluice_run(bootstrap: str, topic_in: str, topic_out: str, n: int, batch: int,
+               sample_ratio: float | None = None) -> None:
+    """``sample_ratio`` set: tracing on, spans dropped by a no-op exporter."""
     text = f"""
 source: {{kafka: {{bootstrap_servers: "{bootstrap}", topics: [{topic_in}], group_id: {unique_topic("sluice")}}}}}
 codec: {{format: json, input_field: text}}
@@ -65,8 +82,15 @@ sink: {{kafka: {{topic: {topic_out}}}, output: {{field: result}}}}
 dead_letter: {{topic: {topic_out}.dlq}}
 runtime: {{max_in_flight: 20000, drain_timeout_s: 600}}
 """
+    if sample_ratio is not None:
+        text += f"telemetry: {{tracing: {{sample_ratio: {sample_ratio}}}}}\n"
     loaded = parse_pipeline(text, base_dir=ROOT)
-    runner, engine = build_runner(loaded, max_records=n)
+    observer = None
+    if sample_ratio is not None:
+        provider = TracerProvider()
+        provider.add_span_processor(BatchSpanProcessor(_DropSpans()))
+        observer = build_observer(loaded.pipeline, tracer_provider=provider)
+    runner, engine = build_runner(loaded, max_records=n, observer=observer)
     summary = runner.run()
     engine.close()
     if summary.error or summary.num_out != n:
@@ -78,6 +102,9 @@ def main() -> None:
     parser.add_argument("--records", type=int, default=200_000)
     parser.add_argument("--bootstrap", default=os.environ.get("SLUICE_KAFKA_BOOTSTRAP"))
     parser.add_argument("--batch-sizes", default="1,64,512")
+    parser.add_argument("--tracing", action="store_true", help="add tracing off / on rows at the largest batch")
+    parser.add_argument("--sample-ratio", type=float, default=Tracing().sample_ratio,
+                        help="tracing.sample_ratio of the tracing-on row (default: the config's default)")
     args = parser.parse_args()
     os.chdir(ROOT)
     with broker(args.bootstrap) as bootstrap:
@@ -88,9 +115,15 @@ def main() -> None:
         produce(bootstrap, topic_in, ((f"k{i % 1000}", json.dumps({"seq": i, "text": f"review text {i}"}))
                                       for i in range(n)), timeout_s=120)
         rows = []
-        contenders = [("plain confluent-kafka loop", None)] + [(f"sluice batch {b}", int(b))
-                                                                for b in args.batch_sizes.split(",")]
-        for name, batch in contenders:
+        # (name, batch size or None for the plain loop, sample ratio or None for tracing off)
+        contenders: list[tuple[str, int | None, float | None]] = [("plain confluent-kafka loop", None, None)]
+        contenders += [(f"sluice batch {b}", int(b), None) for b in args.batch_sizes.split(",")]
+        if args.tracing:
+            largest = max(int(b) for b in args.batch_sizes.split(","))
+            contenders += [(f"sluice batch {largest}, tracing off", largest, None),
+                           (f"sluice batch {largest}, tracing on (no-op exporter, sample_ratio "
+                            f"{args.sample_ratio:g})", largest, args.sample_ratio)]
+        for name, batch, sample_ratio in contenders:
             topic_out = unique_topic("bench-out")
             create_topic(bootstrap, topic_out, 3)
             create_topic(bootstrap, topic_out + ".dlq", 1)
@@ -99,7 +132,7 @@ def main() -> None:
             if batch is None:
                 plain_loop(bootstrap, topic_in, topic_out, n)
             else:
-                sluice_run(bootstrap, topic_in, topic_out, n, batch)
+                sluice_run(bootstrap, topic_in, topic_out, n, batch, sample_ratio)
             cpu_us = (time.process_time() - cpu_s) / n * 1e6
             rows.append({"contender": name, "batch": batch, "records_per_s": output_rate(bootstrap, topic_out, n),
                          "cpu_us_per_record": cpu_us})

@@ -19,6 +19,7 @@ from sluice.operator.observer import Observer
 from sluice.operator.record import InputRecord, Pending, TopicPartition
 from sluice.telemetry.stats import OperatorStats
 from sluice.telemetry.status import StatusReporter
+from sluice.telemetry.traceparent import TRACEPARENT
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
@@ -136,6 +137,9 @@ class TelemetryObserver(Observer):
             self.tracer.batch_finished(handle, num_failed)
 
     def output_headers(self, record: InputRecord, stage: str | None) -> list[tuple[str, bytes]]:
+        t = record.trace
+        if t.__class__ is bytes:  # unsampled: the ready-made header (the hot path, inlined)
+            return [(TRACEPARENT, t)]
         assert self.tracer is not None  # the runner asks only when injects_headers, set with the tracer
         topic = self.out_topic if stage is None else (self.dlq_topic or "")
         return self.tracer.output_headers(record, topic, stage)

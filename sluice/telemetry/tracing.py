@@ -66,25 +66,30 @@ class RecordTracer:
     def polled(self, records: Sequence[InputRecord], now_s: float) -> None:
         """Decide each record's sampling, strip its incoming traceparent, keep what its outputs need."""
         n = len(records)
-        blob = tp.new_traceparents(n)
-        draws = (self._rng.random(n) < self.sample_ratio).tolist() if self.sample_ratio > 0 else None
-        for i, r in enumerate(records):
-            headers = r.headers
-            if headers:
-                at, parent = tp.find(headers)
-                if at >= 0:
-                    r.headers = headers[:at] + headers[at + 1:]  # the output gets the operator's instead
-                if parent is not None:
-                    if parent.sampled:
-                        r.trace = self._start_record(r, parent)
-                    else:  # same trace, a new span id, the parent's flags
-                        start = HEADER_LEN * i + 36
-                        r.trace = b"00-%s-%s-%02x" % (parent.trace_id, blob[start:start + 16], parent.flags)
-                    continue
-            if draws is not None and draws[i]:
-                r.trace = self._start_record(r, None)
-            else:
-                r.trace = blob[HEADER_LEN * i:HEADER_LEN * (i + 1)]
+        fresh = np.frombuffer(tp.new_traceparents(n), dtype=f"S{HEADER_LEN}").tolist()  # n x bytes, in C
+        with_headers = []
+        for r, value in zip(records, fresh, strict=True):  # the common case: unsampled, no incoming context
+            r.trace = value
+            if r.headers:
+                with_headers.append(r)
+        for r in with_headers:
+            self._take_context(r, r.trace)
+        if self.sample_ratio > 0:
+            for i in np.flatnonzero(self._rng.random(n) < self.sample_ratio).tolist():
+                if records[i].trace is fresh[i]:  # no valid incoming context: a new trace, drawn
+                    records[i].trace = self._start_record(records[i], None)
+
+    def _take_context(self, r: InputRecord, fresh: bytes) -> None:
+        """A record with headers: follow its traceparent if it has a valid one, and drop that header."""
+        at, parent = tp.find(r.headers)
+        if at >= 0:
+            r.headers = r.headers[:at] + r.headers[at + 1:]  # the output gets the operator's instead
+        if parent is None:
+            return  # a new trace, like a record without headers
+        if parent.sampled:
+            r.trace = self._start_record(r, parent)
+        else:  # same trace, a new span id, the parent's flags
+            r.trace = b"00-%s-%s-%02x" % (parent.trace_id, fresh[36:52], parent.flags)
 
     def _start_record(self, r: InputRecord, parent: TraceParent | None) -> _Sampled:
         if parent is None:

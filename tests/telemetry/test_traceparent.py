@@ -70,3 +70,9 @@ def test_new_traceparents_are_valid_unsampled_and_distinct() -> None:
     assert len({p.trace_id for p in parsed if p}) == n
     assert len({p.parent_id for p in parsed if p}) == n
     assert new_traceparents(0) == b""
+
+
+def test_an_all_zero_draw_is_patched_into_a_valid_id(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("sluice.telemetry.traceparent.os.urandom", lambda size: bytes(size))
+    blob = new_traceparents(2)
+    assert parse(blob[:HEADER_LEN]) is not None and parse(blob[HEADER_LEN:]) is not None

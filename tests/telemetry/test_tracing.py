@@ -105,3 +105,11 @@ def test_a_dead_letter_record_joins_the_trace_and_its_consume_span_ends(exporter
     assert spans["process in"].status.is_ok is False
     assert spans["send out"].attributes is not None and spans["send out"].attributes["sluice.dead_letter.stage"] == "decode"
     assert out.trace_id == b"%032x" % spans["process in"].context.trace_id
+
+
+def test_records_with_other_headers_but_no_context_are_sampled_like_the_rest(exporter: InMemorySpanExporter) -> None:
+    t = tracer(exporter, ratio=1.0)
+    r = record(0, [("x-app", b"1")])
+    t.polled([r], time.monotonic())
+    assert r.headers == [("x-app", b"1")]
+    assert out_parent(t, r).sampled
