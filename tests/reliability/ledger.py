@@ -7,11 +7,13 @@ dead-letter record is the input's own bytes, so each record read back names the 
 from __future__ import annotations
 
 import json
+import time
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import cast
 
-from confluent_kafka import Consumer, IsolationLevel, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, IsolationLevel, KafkaError, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from tests.support.kafka import ConsumedRecord, consume_all, end_offsets, unique_topic
@@ -88,3 +90,39 @@ class Progress:
 
     def close(self) -> None:
         self._consumer.close()
+
+
+def timestamps_ms(bootstrap: str, topic: str, timeout_s: float = 60) -> list[int]:
+    """The producer timestamp (CreateTime, ms) of every record of ``topic``, read to the high watermark."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": unique_topic("stamps"),
+                         "enable.auto.commit": False, "enable.partition.eof": True})
+    try:
+        ends = end_offsets(bootstrap, topic)
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p, end in ends.items() if end > 0])
+        left = {p for p, end in ends.items() if end > 0}
+        stamps: list[int] = []
+        deadline = time.monotonic() + timeout_s
+        while left:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"timestamps of {topic!r}: partitions {sorted(left)} not read in {timeout_s}s")
+            msg = consumer.poll(0.2)
+            if msg is None:
+                continue
+            err = msg.error()
+            if err is not None and err.code() != KafkaError._PARTITION_EOF:
+                raise RuntimeError(f"timestamps of {topic!r}: {err}")
+            if err is None:
+                stamps.append(msg.timestamp()[1])
+            if cast(int, msg.offset()) + 1 >= ends[cast(int, msg.partition())] or err is not None:
+                left.discard(cast(int, msg.partition()))
+        return stamps
+    finally:
+        consumer.close()
+
+
+def throughput_per_s(stamps_ms: list[int]) -> float:
+    """Records per second between the first and the last timestamp."""
+    stamps = sorted(stamps_ms)
+    if len(stamps) < 2 or stamps[-1] == stamps[0]:
+        raise AssertionError(f"cannot measure a rate from {len(stamps)} records")
+    return (len(stamps) - 1) / ((stamps[-1] - stamps[0]) / 1000)
