@@ -10,7 +10,9 @@ both engines produce exactly the same number of useful tokens: ``sum(max_tokens)
   are discarded and not counted.
 
 Each engine runs in its own child process (so peak RSS is its own), one after the other, with the same
-torch thread count. Timing excludes model loading and includes a warm-up outside the timed region.
+torch thread count. Timing excludes model loading; a warm-up runs outside the timed region, and each engine
+runs the workload ``--repeats`` times and reports its best time (the machine is shared and noisy). Sluice's
+prefix cache is emptied before every repeat, so only sharing *within* the workload is counted.
 
     .venv/bin/python bench/llm.py [--model PATH] [--threads 2] [--num-prompts 64]
 
@@ -29,8 +31,13 @@ from pathlib import Path
 from typing import Any
 
 SYSTEM_PROMPT = (
-    "You label customer reviews for an online shop. Reply with one word - positive, negative or mixed - "
-    "then one short sentence explaining the label. Do not repeat the review."
+    "You label customer reviews for an online shop. Read the review and reply with exactly one label - "
+    "positive, negative or mixed - followed by one short sentence that explains the label. Use positive "
+    "when the customer is satisfied overall, negative when they are dissatisfied or returned the item, and "
+    "mixed when the review clearly praises some aspects and criticises others. Do not repeat the review, "
+    "do not add greetings, and never invent details that are not in the text.\n"
+    "Example: 'Fast delivery, works great.' -> positive: the customer is happy with speed and quality.\n"
+    "Example: 'Cheap plastic, broke in a week.' -> negative: the product failed quickly."
 )
 PRODUCTS = ["phone", "blender", "running shoes", "laptop bag", "coffee grinder", "desk lamp", "headphones",
             "tent"]  # fmt: skip
@@ -60,34 +67,38 @@ def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux reports KiB
 
 
-def run_sluice(model: str, prompts: list[list[int]], max_tokens: list[int], threads: int) -> dict[str, Any]:
+def run_sluice(model: str, prompts: list[list[int]], max_tokens: list[int], threads: int, repeats: int,
+               budget: int) -> dict[str, Any]:  # fmt: skip
     import torch
 
     from sluice.engines.llm import LLM, SamplingParams
 
     torch.set_num_threads(threads)
-    llm = LLM(model, max_num_seqs=64, max_num_batched_tokens=2048)
+    llm = LLM(model, max_num_seqs=64, max_num_batched_tokens=budget)
     llm.generate([prompts[0]], SamplingParams(max_tokens=4, ignore_eos=True))  # warm-up
-    llm.kv.reset_prefix_cache()
-    hits_before = (llm.kv.stats.num_query_tokens, llm.kv.stats.num_hit_tokens)
     params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in max_tokens]
-    start = time.perf_counter()
-    outs = llm.generate(prompts, params)
-    elapsed_s = time.perf_counter() - start
+    times = []
+    for _ in range(repeats):
+        llm.kv.reset_prefix_cache()  # every repeat starts cold: only hits within the workload count
+        hits_before = (llm.kv.stats.num_query_tokens, llm.kv.stats.num_hit_tokens)
+        steps_before = llm.stats.num_steps
+        start = time.perf_counter()
+        outs = llm.generate(prompts, params)
+        times.append(time.perf_counter() - start)
     queried = llm.kv.stats.num_query_tokens - hits_before[0]
     hit = llm.kv.stats.num_hit_tokens - hits_before[1]
     assert [len(o.token_ids) for o in outs] == max_tokens
     return {
-        "engine": "sluice", "elapsed_s": elapsed_s, "output_tokens": sum(max_tokens),
+        "engine": "sluice", "elapsed_s": min(times), "all_elapsed_s": times, "output_tokens": sum(max_tokens),
         "prefix_cache_hit_rate": hit / queried if queried else 0.0,
-        "num_preemptions": llm.stats.num_preemptions, "num_steps": llm.stats.num_steps,
+        "num_preemptions": llm.stats.num_preemptions, "num_steps": llm.stats.num_steps - steps_before,
         "peak_rss_mb": _peak_rss_mb(), "sample_text": outs[0].text,
         "outputs": [o.token_ids for o in outs],
     }  # fmt: skip
 
 
-def run_hf(model: str, prompts: list[list[int]], max_tokens: list[int], threads: int, batch_size: int
-           ) -> dict[str, Any]:  # fmt: skip
+def run_hf(model: str, prompts: list[list[int]], max_tokens: list[int], threads: int, repeats: int,
+           batch_size: int) -> dict[str, Any]:  # fmt: skip
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -107,17 +118,19 @@ def run_hf(model: str, prompts: list[list[int]], max_tokens: list[int], threads:
         return out[:, width:].tolist()
 
     generate(prompts[:2], 4)  # warm-up
-    outputs: list[list[int]] = []
-    generated = 0
-    start = time.perf_counter()
-    for b in range(0, len(prompts), batch_size):
-        batch_max = max_tokens[b : b + batch_size]
-        rows = generate(prompts[b : b + batch_size], max(batch_max))
-        generated += len(rows) * max(batch_max)
-        outputs += [row[:n] for row, n in zip(rows, batch_max, strict=True)]  # honour each max_tokens
-    elapsed_s = time.perf_counter() - start
+    times = []
+    for _ in range(repeats):
+        outputs: list[list[int]] = []
+        generated = 0
+        start = time.perf_counter()
+        for b in range(0, len(prompts), batch_size):
+            batch_max = max_tokens[b : b + batch_size]
+            rows = generate(prompts[b : b + batch_size], max(batch_max))
+            generated += len(rows) * max(batch_max)
+            outputs += [row[:n] for row, n in zip(rows, batch_max, strict=True)]  # honour each max_tokens
+        times.append(time.perf_counter() - start)
     return {
-        "engine": f"hf-static-{batch_size}", "elapsed_s": elapsed_s, "output_tokens": sum(max_tokens),
+        "engine": f"hf-static-{batch_size}", "elapsed_s": min(times), "all_elapsed_s": times, "output_tokens": sum(max_tokens),
         "tokens_computed": generated, "peak_rss_mb": _peak_rss_mb(), "outputs": outputs,
     }  # fmt: skip
 
@@ -132,6 +145,9 @@ def main() -> None:
     ap.add_argument("--model", default=None, help="GGUF file or directory (default: fetch smollm2-135m)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--num-prompts", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=2, help="timed runs per engine; the best one is reported")
+    ap.add_argument("--max-num-batched-tokens", type=int, default=512,
+                    help="Sluice's token budget per step (512 saturates a CPU's matmuls)")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "llm.json"))
     args = ap.parse_args()
 
@@ -146,9 +162,10 @@ def main() -> None:
     chats, max_tokens = build_workload(args.num_prompts)
     prompts = [tok.encode(tok.apply_chat_template(c)) for c in chats]
 
-    results = [_in_child(run_sluice, model, prompts, max_tokens, args.threads)]
+    results = [_in_child(run_sluice, model, prompts, max_tokens, args.threads, args.repeats,
+                         args.max_num_batched_tokens)]  # fmt: skip
     for bs in (8, 32):
-        results.append(_in_child(run_hf, model, prompts, max_tokens, args.threads, bs))
+        results.append(_in_child(run_hf, model, prompts, max_tokens, args.threads, args.repeats, bs))
 
     ours = results[0]
     best_hf = max((r for r in results[1:]), key=lambda r: r["output_tokens"] / r["elapsed_s"])
@@ -166,7 +183,8 @@ def main() -> None:
     print(f"greedy outputs identical to {best_hf['engine']}: {agree}/{len(prompts)}")
     summary = {
         "model": "SmolLM2-135M-Instruct Q4_1 (dequantised, fp32)", "num_prompts": len(prompts),
-        "threads": args.threads, "sum_max_tokens": sum(max_tokens), "machine": platform.platform(),
+        "threads": args.threads, "repeats": args.repeats,
+        "max_num_batched_tokens": args.max_num_batched_tokens, "sum_max_tokens": sum(max_tokens), "machine": platform.platform(),
         "identical_outputs_vs_best_hf": agree,
         "results": [{k: v for k, v in r.items() if k not in ("outputs",)} for r in results],
     }  # fmt: skip

@@ -30,7 +30,7 @@ from sluice.engines.llm.model_runner import ModelRunner, SampledToken
 from sluice.engines.llm.request import Request, RequestStatus, SamplingParams
 from sluice.engines.llm.scheduler import Scheduler
 from sluice.engines.llm.tokenizer import ChatTokenizer, IncrementalDetokenizer
-from sluice.engines.llm.weights import load_weights
+from sluice.engines.llm.weights import find_gguf, load_weights
 
 _FINISH_REASONS = {
     RequestStatus.FINISHED_STOPPED: "stop",
@@ -91,7 +91,9 @@ class LLM:
         path = _resolve(model)
         if self.config.num_threads is not None:
             torch.set_num_threads(self.config.num_threads)
-        model_config, tensors = load_weights(path)
+        gguf = find_gguf(path)
+        reader = _open_gguf(gguf) if gguf is not None else None  # parsed once for weights and tokenizer
+        model_config, tensors = load_weights(path, reader)
         self.model_config = model_config
         self.max_model_len = min(
             self.config.max_model_len or model_config.max_position_embeddings,
@@ -100,9 +102,12 @@ class LLM:
         self.runner = ModelRunner(model_config, tensors, self.config, self.max_model_len)
         del tensors
         try:
-            self.tokenizer: ChatTokenizer | None = ChatTokenizer.from_path(path)
+            self.tokenizer: ChatTokenizer | None = (
+                ChatTokenizer.from_gguf(gguf, reader) if gguf is not None else ChatTokenizer.from_path(path)
+            )
         except ValueError:
             self.tokenizer = None  # token-id prompts only
+        del reader
         self.kv = KVCacheManager(self.runner.num_blocks, self.config.block_size, self.config.enable_prefix_caching)
         self.scheduler = Scheduler(
             self.kv, self.config.max_num_seqs, self.config.max_num_batched_tokens, max_model_len=self.max_model_len
@@ -251,6 +256,12 @@ def _find_stop(tracker: _Tracker, stops: tuple[str, ...], delta_len: int) -> boo
         return False
     tracker.stop_at = min(found)
     return True
+
+
+def _open_gguf(path: Path) -> object:
+    from gguf import GGUFReader
+
+    return GGUFReader(str(path))
 
 
 def _resolve(model: str | Path) -> Path:

@@ -68,10 +68,11 @@ class ChatTokenizer:
         return cls(tok, template, text(cfg.get("bos_token")), text(cfg.get("eos_token")))
 
     @classmethod
-    def from_gguf(cls, path: Path) -> ChatTokenizer:
+    def from_gguf(cls, path: Path, reader: Any = None) -> ChatTokenizer:
+        """``reader``: an already opened ``gguf.GGUFReader`` of ``path`` (parsing one takes seconds)."""
         from gguf import GGUFReader
 
-        reader = GGUFReader(str(path))
+        reader = reader if reader is not None else GGUFReader(str(path))
 
         def field(key: str, default: Any = None) -> Any:
             f = reader.fields.get(key)

@@ -40,17 +40,30 @@ _GGUF_LAYER_NAMES = {
 _GGUF_LAYER_RE = re.compile(r"^blk\.(\d+)\.(\w+)\.weight$")
 
 
-def load_weights(path: str | Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
-    """Load a ``.gguf`` file or a directory holding ``config.json`` and ``*.safetensors``."""
+def find_gguf(path: str | Path) -> Path | None:
+    """``path`` itself if it is a ``.gguf`` file, the single ``.gguf`` in a directory without
+    ``config.json``, else None."""
     path = Path(path)
     if path.is_file() and path.suffix == ".gguf":
-        return load_gguf(path)
-    if path.is_dir() and (path / "config.json").is_file():
-        return load_safetensors_dir(path)
-    if path.is_dir():
+        return path
+    if path.is_dir() and not (path / "config.json").is_file():
         ggufs = sorted(path.glob("*.gguf"))
         if len(ggufs) == 1:
-            return load_gguf(ggufs[0])
+            return ggufs[0]
+    return None
+
+
+def load_weights(path: str | Path, gguf_reader: Any = None) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    """Load a ``.gguf`` file or a directory holding ``config.json`` and ``*.safetensors``.
+
+    ``gguf_reader``: an already opened ``gguf.GGUFReader`` of that file (parsing one takes seconds).
+    """
+    path = Path(path)
+    gguf = find_gguf(path)
+    if gguf is not None:
+        return load_gguf(gguf, gguf_reader)
+    if path.is_dir() and (path / "config.json").is_file():
+        return load_safetensors_dir(path)
     raise ValueError(f"{path} is neither a .gguf file nor a directory with config.json and *.safetensors")
 
 
@@ -148,11 +161,11 @@ def unpermute_rotary_rows(w: np.ndarray, num_heads: int) -> np.ndarray:
     return w.reshape(num_heads, head_dim // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def load_gguf(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+def load_gguf(path: Path, reader: Any = None) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     from gguf import GGUFReader
     from gguf.quants import dequantize
 
-    reader = GGUFReader(str(path))
+    reader = reader if reader is not None else GGUFReader(str(path))
     config = model_config_from_gguf(reader)
     tensors: dict[str, torch.Tensor] = {}
     for t in reader.tensors:
