@@ -167,6 +167,11 @@ class Telemetry(_Strict):
     metrics: Metrics = Field(default_factory=Metrics)
     status: Literal["auto", "off"] = "auto"  # auto: a live line on a terminal, a log line every 10 s otherwise
 
+    @field_validator("status", mode="before")
+    @classmethod
+    def _yaml_off(cls, value: Any) -> Any:
+        return "off" if value is False else value  # YAML 1.1 reads a bare `off` as false
+
 
 class Pipeline(_Strict):
     name: str = "pipeline"
