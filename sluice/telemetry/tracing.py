@@ -154,6 +154,8 @@ class RecordTracer:
             return [(TRACEPARENT, t)]
         if t.__class__ is not _Sampled:
             return []  # never seen by polled (cannot happen through the runner)
+        if t.span.is_recording():  # no batch_started for it (a continuous engine): it ends at its output
+            t.span.end()
         attributes: dict[str, Any] = {"messaging.system": "kafka", "messaging.operation.type": "send",
                                       "messaging.destination.name": topic}
         if stage is not None:

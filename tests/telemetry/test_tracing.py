@@ -113,3 +113,12 @@ def test_records_with_other_headers_but_no_context_are_sampled_like_the_rest(exp
     t.polled([r], time.monotonic())
     assert r.headers == [("x-app", b"1")]
     assert out_parent(t, r).sampled
+
+
+def test_without_a_batch_start_the_consume_span_ends_at_the_output(exporter: InMemorySpanExporter) -> None:
+    t = tracer(exporter, ratio=1.0)  # continuous engines report batch_finished only
+    r = record(0)
+    t.polled([r], time.monotonic())
+    t.batch_finished(None, 0)
+    out_parent(t, r)
+    assert sorted(s.name for s in exporter.get_finished_spans()) == ["process in", "send out"]
