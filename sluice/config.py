@@ -52,9 +52,10 @@ class Source(_Strict):
 
 class Codec(_Strict):
     format: Literal["json", "raw"] = "json"
-    # Dotted path of the model input inside a JSON record (e.g. "review.text"). Ignored for raw records,
-    # whose whole value (UTF-8) is the input.
-    input_field: str = "text"
+    # Dotted path of the model input inside a JSON record (e.g. "review.text"), or "." for the whole
+    # record (an LLM prompt template filling several fields, say). Ignored for raw records, whose whole
+    # value (UTF-8) is the input.
+    input_field: str = Field(default="text", min_length=1)
 
 
 class Batching(_Strict):
@@ -97,6 +98,9 @@ class Output(_Strict):
     # Key of the output record: "input" keeps the input key, "none" drops it, "field:a.b" takes it from
     # the input record.
     key: str = "input"
+    # Continuous engines (llm) produce each result the moment it is ready, so records of a partition may
+    # leave out of input order; true holds results back to leave in input order per partition.
+    preserve_order: bool = False
 
     @field_validator("key")
     @classmethod

@@ -86,3 +86,55 @@ class BatchEngine(ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release the model and device memory. Called once; no call follows."""
+
+
+class ContinuousEngine(ABC):
+    """A model served request by request, advanced step by step (continuous batching; the LLM engine).
+
+    Driven by the operator's engine thread, which alone calls ``add`` / ``step`` / ``abort``::
+
+        items = engine.prepare(values)        # intake thread, as for batch engines (RecordError per record)
+        while work:
+            for key, item in new records, up to engine.room():
+                engine.add(key, item)         # joins the running batch at the next step
+            for key, result in engine.step(): # one step of every running request
+                ...                           # result: the output value, or an Exception for that record
+
+    Guarantees the engine must give: every added key comes back from ``step`` exactly once (unless aborted),
+    with a result or an exception; ``step`` never blocks when nothing was added; ``abort`` frees what the
+    request held.
+    """
+
+    def start(self) -> None:  # noqa: B027 - optional hook
+        """Load and warm up. Called once, before anything else."""
+
+    def prepare(self, values: Sequence[Any]) -> list[Any]:
+        """Turn decoded input values into requests (render the prompt, tokenise). Default: unchanged."""
+        return list(values)
+
+    def item_length(self, item: Any) -> int:
+        """Length of one prepared item (prompt tokens). Default 1."""
+        return 1
+
+    @abstractmethod
+    def room(self) -> int:
+        """How many more requests it is worth adding now (0 when the running batch is full)."""
+
+    @abstractmethod
+    def add(self, key: Any, item: Any) -> None:
+        """Queue one request under ``key``. May raise for that request alone (it is then dead-lettered)."""
+
+    @abstractmethod
+    def step(self) -> list[tuple[Any, Any]]:
+        """Advance every running request by one step; return (key, result or Exception) of those finished."""
+
+    @abstractmethod
+    def has_unfinished(self) -> bool:
+        """True while some added request has not come back from ``step``."""
+
+    @abstractmethod
+    def abort(self, key: Any) -> None:
+        """Drop a request (shutdown with unfinished work, revoked partition)."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release the model. Called once; no call follows."""

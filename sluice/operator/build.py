@@ -8,7 +8,7 @@ from typing import Any
 
 from sluice.config import LoadedPipeline
 from sluice.engines import registry
-from sluice.engines.base import BatchEngine, EngineContext, EngineStartError
+from sluice.engines.base import BatchEngine, ContinuousEngine, EngineContext, EngineStartError
 from sluice.operator.observer import Observer
 from sluice.operator.runner import Runner
 
@@ -17,7 +17,7 @@ class StartError(Exception):
     """The pipeline cannot start (engine, broker...). One line for the user."""
 
 
-def build_engine(loaded: LoadedPipeline) -> BatchEngine:
+def build_engine(loaded: LoadedPipeline) -> BatchEngine | ContinuousEngine:
     """Create and start (load, warm up) the pipeline's engine. Raises StartError."""
     p = loaded.pipeline
     try:
@@ -27,7 +27,7 @@ def build_engine(loaded: LoadedPipeline) -> BatchEngine:
                          f"install it with: pip install 'sluice[{p.engine.type}]'") from None
     context = EngineContext(max_batch_size=p.batching.max_batch_size, max_batch_tokens=p.batching.max_batch_tokens,
                             pipeline_dir=str(loaded.base_dir))
-    engine: BatchEngine = engine_type.factory(loaded.engine_options, context)
+    engine: BatchEngine | ContinuousEngine = engine_type.factory(loaded.engine_options, context)
     try:
         engine.start()
     except EngineStartError as err:
@@ -36,7 +36,7 @@ def build_engine(loaded: LoadedPipeline) -> BatchEngine:
 
 
 def build_runner(loaded: LoadedPipeline, *, observer: Observer | None = None,
-                 **limits: Any) -> tuple[Runner, BatchEngine]:
+                 **limits: Any) -> tuple[Runner, BatchEngine | ContinuousEngine]:
     """Engine first (a slow warm-up must not eat into the consumer's poll interval), then Kafka clients.
 
     The observer (from the pipeline's ``telemetry`` section unless one is given) comes before the engine,

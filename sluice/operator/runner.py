@@ -26,8 +26,9 @@ from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
 from sluice.config import LoadedPipeline
-from sluice.engines.base import BatchEngine, RecordError
+from sluice.engines.base import BatchEngine, ContinuousEngine, RecordError
 from sluice.operator.batcher import Batcher, BatchPolicy
+from sluice.operator.continuous import ContinuousWorker
 from sluice.operator.emitter import Emitter, Sink
 from sluice.operator.observer import Observer
 from sluice.operator.offsets import OffsetTracker
@@ -76,7 +77,7 @@ class RunSummary:
 class Runner:
     """Runs one pipeline until :meth:`stop`, a limit, or a fatal error. Not reusable."""
 
-    def __init__(self, loaded: LoadedPipeline, source: Source, sink: Sink, engine: BatchEngine, *,
+    def __init__(self, loaded: LoadedPipeline, source: Source, sink: Sink, engine: BatchEngine | ContinuousEngine, *,
                  max_records: int | None = None, idle_exit_s: float | None = None,
                  clock: Callable[[], float] = time.monotonic, observer: Observer | None = None) -> None:
         p = loaded.pipeline
@@ -93,7 +94,12 @@ class Runner:
         self.observer = observer or Observer()
         self.summary = RunSummary()
         self.emitter = Emitter(p, sink, self.codec, self.state, self.observer, self.summary, clock)
-        self.worker = EngineWorker(self.state, engine, self.emitter.settle, clock, self.observer)
+        self.worker: EngineWorker | ContinuousWorker
+        if isinstance(engine, ContinuousEngine):
+            self.worker = ContinuousWorker(self.state, engine, self.emitter.settle, clock, self.observer,
+                                           preserve_order=p.sink.output.preserve_order)
+        else:
+            self.worker = EngineWorker(self.state, engine, self.emitter.settle, clock, self.observer)
         self._stop = threading.Event()
         self._max_in_flight = p.runtime.max_in_flight
         self._resume_below = max(1, self._max_in_flight // 2)
@@ -226,6 +232,8 @@ class Runner:
         s = self.state
         with s.cond:
             s.batcher.remove(lambda p: p.record.tp in revoked)
+        if isinstance(self.worker, ContinuousWorker):
+            self.worker.drop(revoked)  # unfinished requests of these partitions: the next owner redoes them
         if self.transactions is not None and self.emitter.fatal is None:
             try:  # commit first: the transaction holds the outputs of these partitions' in-flight records
                 self.transactions.commit(self.clock(), s.num_batches)

@@ -56,7 +56,8 @@ class RecordCodec:
     output: Output
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "_input_path", tuple(self.codec.input_field.split(".")))
+        field = self.codec.input_field
+        object.__setattr__(self, "_input_path", () if field == "." else tuple(field.split(".")))
         key = self.output.key
         object.__setattr__(self, "_key_path", tuple(key[6:].split(".")) if key.startswith("field:") else None)
 
@@ -78,7 +79,7 @@ class RecordCodec:
             raise CodecError("decode", f"expected a JSON object, got a JSON {type(document).__name__}")
         try:
             path = self._input_path  # type: ignore[attr-defined]
-            model_input = document[path[0]] if len(path) == 1 else _get_path(document, path)
+            model_input = document[path[0]] if len(path) == 1 else _get_path(document, path)  # () -> document
         except KeyError:
             raise CodecError("decode", f"the record has no field '{self.codec.input_field}'") from None
         return document, model_input

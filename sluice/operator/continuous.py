@@ -1,0 +1,138 @@
+"""The engine thread for continuous engines (the LLM): records join the running batch as soon as there is
+room, and each result is produced the moment its request finishes.
+
+The batcher serves as the waiting queue (its time window is ignored: waiting gains nothing when the engine
+takes requests one by one). Offsets still commit by watermark, so a result that overtakes an earlier
+record never lets that record's offset be committed early. With ``preserve_order`` results are held back
+until every earlier record of the same partition has finished, and leave in input order.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from sluice.engines.base import ContinuousEngine
+from sluice.operator.errors import Failed
+from sluice.operator.observer import Observer
+from sluice.operator.record import Pending, TopicPartition
+from sluice.operator.worker import Settle, SharedState
+
+log = logging.getLogger(__name__)
+
+_IDLE_WAIT_S = 0.1  # with nothing queued and nothing running, re-check this often
+
+
+class ContinuousWorker(threading.Thread):
+    """Owns every call to the continuous engine's ``add`` / ``step`` / ``abort``."""
+
+    def __init__(self, state: SharedState, engine: ContinuousEngine, settle: Settle, clock: Callable[[], float],
+                 observer: Observer, preserve_order: bool = False) -> None:
+        super().__init__(name="sluice-engine", daemon=True)
+        self.state, self.engine, self.settle, self.clock, self.observer = state, engine, settle, clock, observer
+        self.preserve_order = preserve_order
+        self.error: BaseException | None = None
+        self._keys = itertools.count()
+        self._running: dict[int, Pending] = {}  # key -> record, for requests added and not finished
+        self._to_drop: set[TopicPartition] = set()  # revoked partitions whose requests must be aborted
+        self._order: dict[TopicPartition, deque[int]] = {}  # preserve_order: keys per partition, input order
+        self._done: dict[int, tuple[Pending, object]] = {}  # preserve_order: finished, waiting for earlier ones
+
+    def drop(self, tps: set[TopicPartition]) -> None:
+        """Abort the requests of ``tps`` before the next step (called by the intake thread on revoke)."""
+        with self.state.cond:
+            self._to_drop |= tps
+
+    def run(self) -> None:
+        try:
+            while (new := self._next()) is not None:
+                try:
+                    self._advance(new)
+                finally:
+                    with self.state.cond:
+                        self.state.busy = False
+                        self.state.cond.notify_all()
+        except BaseException as err:  # a bug, not a bad record: stop the operator
+            log.exception("engine thread failed")
+            self.error = err
+            with self.state.cond:
+                self.state.stopped = True
+                self.state.cond.notify_all()
+        finally:
+            for key in list(self._running):  # stopped with requests unfinished: they stay uncommitted
+                self.engine.abort(key)
+            self._running.clear()
+
+    def _next(self) -> list[Pending] | None:
+        """Records to add now (maybe none, when there is running work to step); None to exit."""
+        s = self.state
+        with s.cond:
+            while True:
+                if s.stopped:
+                    return None
+                self._abort_dropped()
+                if not s.hold:
+                    room = self.engine.room()
+                    new = s.batcher.next_batch(float("inf"), room) if room > 0 and len(s.batcher) else None
+                    if new or self._running:
+                        s.busy = True
+                        if new:
+                            s.num_batches += 1
+                            s.num_batched_records += len(new)
+                        return new or []
+                    if s.draining:
+                        return None
+                s.cond.wait(_IDLE_WAIT_S)
+
+    def _abort_dropped(self) -> None:
+        if not self._to_drop:
+            return
+        for key, pending in list(self._running.items()):
+            if pending.record.tp in self._to_drop:
+                self.engine.abort(key)
+                del self._running[key]
+        for tp in self._to_drop:
+            for key in self._order.pop(tp, ()):
+                self._done.pop(key, None)
+        self._to_drop.clear()
+
+    def _advance(self, new: list[Pending]) -> None:
+        finished: list[tuple[int, Pending, object]] = []
+        for pending in new:
+            key = next(self._keys)
+            if self.preserve_order:
+                self._order.setdefault(pending.record.tp, deque()).append(key)
+            try:
+                self.engine.add(key, pending.item)
+                self._running[key] = pending
+            except Exception as err:  # this request alone cannot run (too long for the context, say)
+                finished.append((key, pending, Failed(err)))
+        if self._running:
+            started_s = self.clock()
+            for key, result in self.engine.step():
+                pending = self._running.pop(key)
+                finished.append((key, pending, Failed(result) if isinstance(result, BaseException) else result))
+            num_failed = sum(1 for _, _, outcome in finished if isinstance(outcome, Failed))
+            self.observer.batch_finished(None, [p for _, p, _ in finished], self.clock() - started_s, num_failed)
+        if finished:
+            self._emit(finished)
+
+    def _emit(self, finished: list[tuple[int, Pending, Any]]) -> None:
+        if not self.preserve_order:
+            self.settle([p for _, p, _ in finished], [o for _, _, o in finished])
+            return
+        touched = set()
+        for key, pending, outcome in finished:
+            self._done[key] = (pending, outcome)
+            touched.add(pending.record.tp)
+        ready: list[tuple[Pending, object]] = []
+        for tp in touched:
+            order = self._order.get(tp)
+            while order and order[0] in self._done:
+                ready.append(self._done.pop(order.popleft()))
+        if ready:
+            self.settle([p for p, _ in ready], [o for _, o in ready])

@@ -1,0 +1,154 @@
+"""LLM enrichment from Kafka with continuous batching, on the real broker with the real SmolLM2-135M."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from sluice.models import fetch
+from tests.support.kafka import (
+    committed_offsets,
+    consume_all,
+    create_topic,
+    end_offsets,
+    produce,
+    unique_topic,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.kafka
+
+REVIEWS = ["Arrived quickly and works exactly as described.", "The battery died after two days.",
+           "Great value for the price, would buy again!", "Meh. It does the job.", "Terrible customer service.",
+           "I love the colour and the fabric feels premium.", "Smaller than it looks in the photos.",
+           "Five stars.", "Stopped working after the update.", "Perfect gift for my dad"]
+
+
+@pytest.fixture(scope="module")
+def smollm() -> Path:
+    return fetch("smollm2-135m")
+
+
+def pipeline(path: Path, bootstrap: str, t_in: str, t_out: str, t_dlq: str, group: str, **engine: object) -> Path:
+    doc = {
+        "source": {"kafka": {"bootstrap_servers": bootstrap, "topics": [t_in], "group_id": group,
+                             "config": {"session.timeout.ms": 6000}}},
+        "codec": {"format": "json", "input_field": "."},
+        "engine": {"type": "llm", "model": "smollm2-135m", "num_threads": 2, "max_num_seqs": 32,
+                   "system_prompt": "You are a sentiment classifier. Answer with one word: positive, negative "
+                                    "or neutral.",
+                   "user_template": "Review: {text}\nSentiment:", "max_tokens": 4, "max_model_len": 256,
+                   **engine},
+        "sink": {"kafka": {"topic": t_out}, "output": {"field": "label"}},
+        "dead_letter": {"topic": t_dlq},
+        "runtime": {"commit_interval_ms": 200, "drain_timeout_s": 1},
+    }
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def topics(bootstrap: str) -> tuple[str, str, str]:
+    names = unique_topic("reviews"), unique_topic("labelled"), unique_topic("dlq")
+    for name, parts in zip(names, (2, 2, 1), strict=True):
+        create_topic(bootstrap, name, parts)
+    return names
+
+
+def run(path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "sluice.cli", "run", str(path), *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_200_reviews_get_labels_and_unfit_prompts_are_dead_lettered(kafka_bootstrap: str, tmp_path: Path,
+                                                                    smollm: Path) -> None:
+    t_in, t_out, t_dlq = topics(kafka_bootstrap)
+    records = [(f"r{i}", json.dumps({"id": i, "text": REVIEWS[i % len(REVIEWS)]})) for i in range(200)]
+    too_long = [(f"long{i}", json.dumps({"id": 1000 + i, "text": "very long review " * 120})) for i in range(3)]
+    produce(kafka_bootstrap, t_in, records[:100] + too_long + records[100:])
+    group = unique_topic("g")
+    proc = run(pipeline(tmp_path / "p.yaml", kafka_bootstrap, t_in, t_out, t_dlq, group), "--idle-exit", "8")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = consume_all(kafka_bootstrap, t_out, expected_count=200, timeout_s=60)
+    labels = {json.loads(r.value)["id"]: json.loads(r.value)["label"] for r in out}
+    assert sorted(labels) == list(range(200))
+    assert all(isinstance(label, str) and label.strip() for label in labels.values())
+    # greedy decoding: the same review gets the same label whatever else shared its batch
+    for i in range(len(REVIEWS), 200):
+        assert labels[i] == labels[i % len(REVIEWS)]
+    dlq = consume_all(kafka_bootstrap, t_dlq, expected_count=3)
+    assert sorted(r.key for r in dlq) == [b"long0", b"long1", b"long2"]
+    for r in dlq:
+        h = {k: v.decode() for k, v in r.headers}
+        assert h["sluice.error.stage"] == "prepare"
+        assert "the model's context holds 256" in h["sluice.error.message"]
+    assert committed_offsets(kafka_bootstrap, group, t_in) == end_offsets(kafka_bootstrap, t_in)
+    assert "prefix-cache hit rate" in proc.stderr
+
+
+def test_answers_that_are_not_the_json_asked_for_are_dead_lettered_with_the_answer(
+        kafka_bootstrap: str, tmp_path: Path, smollm: Path) -> None:
+    t_in, t_out, t_dlq = topics(kafka_bootstrap)
+    # max_len 1: the answer is cut after one token, which cannot be a JSON object with a label
+    records = [(f"r{i}", json.dumps({"text": REVIEWS[i], "max_len": 1 if i % 2 else 24})) for i in range(10)]
+    produce(kafka_bootstrap, t_in, records)
+    schema = {"type": "object", "required": ["label"]}
+    path = pipeline(tmp_path / "p.yaml", kafka_bootstrap, t_in, t_out, t_dlq, unique_topic("g"),
+                    parse="json", json_schema=schema, overrides={"max_tokens": "max_len"},
+                    system_prompt='Reply with JSON only, like {"label": "positive"}.', user_template="{text}")
+    proc = run(path, "--idle-exit", "8")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = consume_all(kafka_bootstrap, t_out)
+    dlq = consume_all(kafka_bootstrap, t_dlq, expected_count=5)
+    assert len(out) + len(dlq) == 10
+    for r in out:
+        assert isinstance(json.loads(r.value)["label"], dict) and "label" in json.loads(r.value)["label"]
+    odd = {f"r{i}".encode() for i in range(1, 10, 2)}
+    assert odd <= {r.key for r in dlq}
+    for r in dlq:
+        h = {k: v.decode() for k, v in r.headers}
+        assert h["sluice.error.class"] == "AnswerError"
+        assert "not valid JSON" in h["sluice.error.message"] or "does not match json_schema" in h["sluice.error.message"]
+        assert "answer: " in h["sluice.error.message"]
+
+
+def test_sigterm_mid_generation_commits_only_finished_records(kafka_bootstrap: str, tmp_path: Path,
+                                                              smollm: Path) -> None:
+    t_in, t_out, t_dlq = topics(kafka_bootstrap)
+    n = 120
+    produce(kafka_bootstrap, t_in, [(f"r{i}", json.dumps({"id": i, "text": REVIEWS[i % 10]})) for i in range(n)])
+    group = unique_topic("g")
+    path = pipeline(tmp_path / "p.yaml", kafka_bootstrap, t_in, t_out, t_dlq, group, max_tokens=24, stop=[],
+                    max_num_seqs=8)
+    proc = subprocess.Popen([sys.executable, "-m", "sluice.cli", "run", str(path)], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while sum(end_offsets(kafka_bootstrap, t_out).values()) < 10 and time.monotonic() < deadline:
+            time.sleep(0.3)
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, stderr[-3000:]
+    first = consume_all(kafka_bootstrap, t_out)
+    assert len(first) < n, "everything finished before SIGTERM: nothing was mid-generation"
+    done = {json.loads(r.value)["id"] for r in first}
+    committed = committed_offsets(kafka_bootstrap, group, t_in)
+    inputs = consume_all(kafka_bootstrap, t_in)
+    for rec in inputs:  # every input below the committed offset has its output
+        if rec.offset < committed.get(rec.partition, 0):
+            assert json.loads(rec.value)["id"] in done
+
+    proc2 = run(path, "--idle-exit", "8")
+    assert proc2.returncode == 0, proc2.stderr[-3000:]
+    ids = {json.loads(r.value)["id"] for r in consume_all(kafka_bootstrap, t_out, expected_count=n)}
+    assert ids == set(range(n))
+    assert committed_offsets(kafka_bootstrap, group, t_in) == end_offsets(kafka_bootstrap, t_in)
