@@ -213,3 +213,13 @@ def test_tensorrt_embeddings_match_the_cpu_reference_and_the_engine_is_cached(mi
     again.start()
     assert not again.built and again.plan_path == engine.plan_path
     np.testing.assert_allclose(again.infer(items[:4]), got[:4], atol=1e-4)
+
+
+def test_the_torch_example_runs_on_tensorrt_by_changing_only_engine_type() -> None:
+    from sluice.config import parse_pipeline
+
+    example = Path(__file__).resolve().parents[2] / "examples" / "pipelines" / "embed-reviews-torch.yaml"
+    text = example.read_text(encoding="utf-8").replace("  type: torch\n", "  type: tensorrt\n")
+    loaded = parse_pipeline(text, environ={})
+    assert loaded.pipeline.engine.type == "tensorrt"
+    assert isinstance(loaded.engine_options, TensorrtOptions) and loaded.engine_options.model == "minilm-l6"

@@ -283,3 +283,16 @@ def test_auto_picks_the_gpu_and_raw_inputs_follow_the_half_dtype(factory_module:
     engine.start()
     assert engine.device.type == "cuda" and engine.dtype == torch.float16
     assert engine.infer(engine.prepare([{"x": [1.0, 2.5]}])) == [{"y": [2.0, 5.0], "s": 7.0}]
+
+
+def test_the_torch_example_is_the_onnx_example_with_another_engine_type() -> None:
+    from sluice.config import load_pipeline
+
+    examples = Path(__file__).resolve().parents[2] / "examples" / "pipelines"
+    onnx_pipeline = load_pipeline(examples / "embed-reviews.yaml", environ={})
+    torch_pipeline = load_pipeline(examples / "embed-reviews-torch.yaml", environ={})
+    assert torch_pipeline.pipeline.engine.type == "torch"
+    assert (torch_pipeline.pipeline.model_dump(exclude={"engine"})
+            == onnx_pipeline.pipeline.model_dump(exclude={"engine"}))
+    for option in ("model", "task", "max_length", "normalize", "output_format"):
+        assert getattr(torch_pipeline.engine_options, option) == getattr(onnx_pipeline.engine_options, option)
