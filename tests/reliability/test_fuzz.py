@@ -154,6 +154,8 @@ def test_random_payloads_all_come_out(kafka_bootstrap: str, tmp_path: Path) -> N
         drawn.append((value, hdrs))
 
     gather()
+    # an input whose output (input + result, twice its size) is over the broker's 1 MB message limit
+    drawn.append((json.dumps({"text": "x" * 600_000}).encode(), []))
     topics = make_topics(kafka_bootstrap, partitions=3)
     t_in, t_out, t_dlq = topics
     produce(kafka_bootstrap, t_in, [(f"p{i}", value, hdrs) for i, (value, hdrs) in enumerate(drawn)])
