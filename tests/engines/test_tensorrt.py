@@ -4,6 +4,7 @@ cache-key decisions, the build cache over a stand-in TensorRT, and (on a GPU mac
 from __future__ import annotations
 
 import importlib.util
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -185,6 +186,90 @@ def test_fp16_without_the_builder_flag_is_a_one_line_error(tmp_path: Path) -> No
     with pytest.raises(EngineStartError, match="fp16: true needs TensorRT 10") as caught:
         tensorrt_build.load_or_build(trt, request)
     assert "\n" not in str(caught.value)
+
+
+# --------------------------------------------------- the run path over a stand-in execution context (CPU)
+
+
+class _FakeContext:
+    """Reads its inputs from the bound addresses and writes hidden = [id % 7, id % 5, 1, mask] per token."""
+
+    def __init__(self) -> None:
+        self.shapes: dict[str, tuple[int, ...]] = {}
+        self.addresses: dict[str, int] = {}
+        self.streams: list[int] = []
+
+    def set_input_shape(self, name: str, shape: tuple[int, int]) -> None:
+        self.shapes[name] = tuple(shape)
+
+    def set_tensor_address(self, name: str, address: int) -> None:
+        self.addresses[name] = address
+
+    def get_tensor_shape(self, name: str) -> tuple[int, ...]:
+        return (*self.shapes["input_ids"], 4)
+
+    def execute_async_v3(self, stream: int) -> bool:
+        import ctypes
+
+        self.streams.append(stream)
+        batch, tokens = self.shapes["input_ids"]
+        ids = np.ctypeslib.as_array((ctypes.c_int64 * (batch * tokens)).from_address(self.addresses["input_ids"]))
+        mask = np.ctypeslib.as_array((ctypes.c_int32 * (batch * tokens)).from_address(
+            self.addresses["attention_mask"]))
+        out = np.ctypeslib.as_array((ctypes.c_float * (batch * tokens * 4)).from_address(
+            self.addresses["last_hidden_state"]))
+        out[:] = _fake_hidden(ids.reshape(batch, tokens), mask.reshape(batch, tokens)).ravel()
+        return True
+
+
+def _fake_hidden(ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    return np.stack([ids % 7, ids % 5, np.ones_like(ids), mask], axis=-1).astype(np.float32)  # (b, t, 4)
+
+
+def test_infer_binds_shapes_and_addresses_runs_on_the_stream_and_pools(minilm_dir: Path) -> None:
+    torch = pytest.importorskip("torch")
+    from sluice.engines import torch_device
+    from sluice.engines.text_embedding import TextEmbeddingTask, pad_batch
+
+    engine = _engine(model="minilm-l6", max_batch_size=8)
+    fake_trt = SimpleNamespace(TensorIOMode=SimpleNamespace(INPUT="in", OUTPUT="out"),
+                               DataType=SimpleNamespace(FLOAT="f32", INT64="i64", INT32="i32"))
+    io = {"input_ids": ("in", "i64"), "attention_mask": ("in", "i32"), "last_hidden_state": ("out", "f32")}
+    names = list(io)
+    fake_engine = SimpleNamespace(num_io_tensors=3, get_tensor_name=names.__getitem__,
+                                  get_tensor_mode=lambda n: io[n][0], get_tensor_dtype=lambda n: io[n][1])
+    engine._torch, engine.device = torch, torch.device("cpu")
+    engine._bind_io_names(fake_trt, fake_engine, "model.onnx")
+    assert engine._input_dtypes == {"input_ids": torch.int64, "attention_mask": torch.int32}
+    engine._embedding = TextEmbeddingTask(minilm_dir / "tokenizer.json", max_length=64)
+    engine._staging = torch_device.HostStaging(torch, engine.device)
+    engine._stream, engine._context = SimpleNamespace(cuda_stream=1234), _FakeContext()
+
+    items = engine.prepare(["a short one", "a somewhat longer text than the first", ""])
+    got = np.asarray(engine.infer(items))  # (3, 4)
+    batch = pad_batch(items)
+    hidden = _fake_hidden(batch.input_ids, batch.attention_mask)
+    mask = batch.attention_mask[:, :, None]
+    want = (hidden * mask).sum(1) / mask.sum(1)
+    np.testing.assert_allclose(got, want / np.linalg.norm(want, axis=1, keepdims=True), rtol=1e-6)
+    assert engine._context.shapes == {"input_ids": batch.input_ids.shape, "attention_mask": batch.input_ids.shape}
+    assert engine._context.streams == [1234]
+    with pytest.raises(ValueError, match="outside the engine's profile"):
+        engine.infer(engine.prepare(["x"] * 9))
+
+
+def test_a_model_with_other_inputs_or_outputs_fails_at_start() -> None:
+    torch = pytest.importorskip("torch")
+    engine = _engine(model="m")
+    engine._torch = torch
+    fake_trt = SimpleNamespace(TensorIOMode=SimpleNamespace(INPUT="in"), DataType=SimpleNamespace(FLOAT="f32"))
+    for io, fragment in [({"pixels": "in", "last_hidden_state": "out"}, "takes inputs ['pixels']"),
+                         ({"input_ids": "in", "logits": "out"}, "has outputs ['logits']")]:
+        names = list(io)
+        fake = SimpleNamespace(num_io_tensors=2, get_tensor_name=names.__getitem__, get_tensor_mode=io.__getitem__,
+                               get_tensor_dtype=lambda n: "f32")
+        with pytest.raises(EngineStartError, match=re.escape(fragment)):
+            engine._bind_io_names(fake_trt, fake, "model.onnx")
 
 
 # ------------------------------------------------------------------------------------------------- GPU
