@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 from pydantic import ValidationError
 
 from sluice.engines import registry
@@ -21,7 +22,6 @@ from sluice.engines.onnx import OnnxOptions
 from sluice.engines.torch import ENGINE_TYPE, TorchEngine, TorchOptions
 from tests.support.texts import varied_texts
 
-torch = pytest.importorskip("torch")
 CUDA = torch.cuda.is_available()
 requires_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
 
@@ -206,7 +206,7 @@ def _one_line_start_error(engine: TorchEngine) -> str:
 
 
 def test_bad_factories_fail_at_start_with_one_line(factory_module: str) -> None:
-    raw = {"task": "raw", "inputs": {"x": "x"}}
+    raw: dict[str, Any] = {"task": "raw", "inputs": {"x": "x"}}
     assert "cannot import factory module 'no_such_pkg.mod'" in _one_line_start_error(
         _engine(factory="no_such_pkg.mod:build", **raw))
     assert "has no callable 'missing'" in _one_line_start_error(_engine(factory=f"{factory_module}:missing", **raw))
