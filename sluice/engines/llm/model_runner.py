@@ -57,6 +57,9 @@ class ModelRunner:
         self.block_size = engine_config.block_size
         self.model = LlamaModel.from_weights(model_config, tensors, max_model_len, self.dtype, self.device)
         self.sampler = Sampler(engine_config.seed)
+        # CPU: attention planned once per step (attention.py); otherwise the kernels' ops, fed padded
+        # block tables. Tests switch this off on the CPU to run the kernel path's plumbing.
+        self.use_cpu_attention_plan = self.device.type == "cpu"
         cfg = model_config
         elem = torch.tensor([], dtype=self.dtype).element_size()
         # K and V of every layer for block_size tokens.
@@ -127,10 +130,10 @@ class ModelRunner:
             slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
             query_start_loc=torch.tensor([0, *_cumsum(query_lens)], dtype=torch.int32, device=dev),
             seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
-            block_tables=self._block_table_tensor(tables) if dev.type == "cuda" else torch.empty(0),
+            block_tables=torch.empty(0) if self.use_cpu_attention_plan else self._block_table_tensor(tables),
             max_seq_len=max(seq_lens),
         )
-        if dev.type == "cpu":
+        if self.use_cpu_attention_plan:
             meta.cpu_plan = plan_cpu_attention(query_lens, seq_lens, tables, bs)
         logits = self.model(
             torch.tensor(input_ids, dtype=torch.int64, device=dev),

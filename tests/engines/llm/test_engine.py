@@ -73,6 +73,13 @@ def test_shared_prefix_across_requests_hits_the_cache(tiny: Path) -> None:
     assert [o.num_cached_tokens for o in outputs][1:] == [48, 48, 48]
 
 
+def test_kernel_attention_path_gives_the_same_tokens(tiny: Path, reference: TokensOf) -> None:
+    """The path CUDA takes (padded block tables -> kernels.store_kv / paged_attention), run on the CPU."""
+    llm = LLM(tiny, max_num_batched_tokens=24)
+    llm.runner.use_cpu_attention_plan = False
+    assert _tokens(llm.generate(_prompts(7, LENGTHS), PARAMS)) == reference
+
+
 def test_preemption_gives_the_same_tokens(tiny: Path, reference: TokensOf) -> None:
     llm = LLM(tiny, kv_cache_memory_bytes=14 * _block_bytes(tiny), enable_prefix_caching=False)
     assert llm.stats.num_kv_blocks == 14
