@@ -45,7 +45,7 @@ ENGINES: dict[str, tuple[str, dict[str, Any]]] = {  # row name -> (engine.type, 
     "onnx-cuda": ("onnx", {"providers": ["cuda"]}),
     "tensorrt": ("tensorrt", {}),
     "tensorrt-fp16": ("tensorrt", {"fp16": True}),  # TensorRT 10 only; 11 reports a one-line error
-    "onnx-tensorrt-ep": ("onnx", {"providers": ["tensorrt"]}),
+    "onnx-tensorrt-ep": ("onnx", {"providers": ["tensorrt", "cuda"]}),  # nodes TensorRT lacks run on CUDA
 }
 NO_GPU = "gpu_check: no CUDA GPU visible (torch.cuda.is_available() is False); run this on a machine with an NVIDIA GPU"
 
@@ -101,7 +101,8 @@ def run_engines(clock: Clock, workdir: Path) -> list[dict[str, Any]]:
     ref = workdir / "reference.npy"
     code, out, _ = _run([sys.executable, __file__, "--child", "reference", "--ref", str(ref)], clock.grant(60, 170))
     if code != 0:
-        return [{"engine": "reference", "error": f"CPU reference failed: {out.strip().splitlines()[-1:]}"}]
+        last = (out.strip().splitlines() or ["no output"])[-1]
+        return [{"engine": "reference", "error": f"CPU reference failed: {last[:200]}"}]
     for name in ENGINES:
         timeout_s = clock.grant(70, reserve_s=170)  # kernels and the LLM keep their share
         if timeout_s < 15:
