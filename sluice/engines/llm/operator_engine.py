@@ -50,6 +50,7 @@ class LLMOptions(BaseModel):
     top_k: int = Field(default=0, ge=0)
     seed: int | None = None
     stop: list[str] = Field(default_factory=list)
+    ignore_eos: bool = False  # generate exactly max_tokens (benchmarks)
     overrides: dict[_OVERRIDABLE, str] = Field(default_factory=dict)  # generation setting -> record field
     parse: Literal["none", "json"] = "none"
     json_schema: dict[str, Any] | None = None  # with parse: json, answers must validate against it
@@ -138,7 +139,7 @@ class LLMEngine(ContinuousEngine):
             raise RecordError(f"the prompt has {len(token_ids)} tokens; the model's context holds "
                               f"{self.llm.max_model_len} (prompt and answer together)")
         settings: dict[str, Any] = {"max_tokens": o.max_tokens, "temperature": o.temperature, "top_p": o.top_p,
-                                    "top_k": o.top_k, "seed": o.seed, "stop": tuple(o.stop)}
+                                    "top_k": o.top_k, "seed": o.seed, "stop": tuple(o.stop), "ignore_eos": o.ignore_eos}
         for name, field in o.overrides.items():
             if isinstance(fields, dict) and field in fields and fields[field] is not None:
                 settings[name] = tuple(fields[field]) if name == "stop" else fields[field]
