@@ -213,6 +213,8 @@ def load_pipeline(path: str | Path, environ: Mapping[str, str] | None = None) ->
         text = Path(path).read_text(encoding="utf-8")
     except OSError as err:
         raise ConfigError(source, [f"cannot read the file: {err.strerror or err}"]) from None
+    except UnicodeDecodeError as err:
+        raise ConfigError(source, [f"the file is not UTF-8 text (byte {err.start}); save it as UTF-8"]) from None
     return parse_pipeline(text, source=source, environ=os.environ if environ is None else environ,
                           base_dir=Path(path).resolve().parent)
 
@@ -224,6 +226,8 @@ def parse_pipeline(text: str, *, source: str = "<pipeline>", environ: Mapping[st
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
         data = yaml.safe_load(text)
+    except RecursionError:
+        raise ConfigError(source, ["the YAML is nested too deeply to be a pipeline"]) from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
