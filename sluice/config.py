@@ -66,6 +66,10 @@ class Batching(_Strict):
     # Width of a length bucket when bucket_by is tokens: records whose lengths round up to the same
     # multiple of this share a batch.
     bucket_width: int = Field(default=16, ge=1)
+    # Adaptive mode: the latency (queue wait + service) records should stay under. Sluice then learns the
+    # engine's service time and the arrival rate and chooses each batch's size (up to max_batch_size);
+    # max_queue_delay_ms is not used.
+    latency_target_ms: float | None = Field(default=None, gt=0)
 
 
 class EngineSection(BaseModel):

@@ -27,6 +27,7 @@ from typing import Any, Protocol, cast
 
 from sluice.config import LoadedPipeline
 from sluice.engines.base import BatchEngine, ContinuousEngine, RecordError
+from sluice.operator.adaptive import AdaptivePolicy
 from sluice.operator.batcher import Batcher, BatchPolicy
 from sluice.operator.continuous import ContinuousWorker
 from sluice.operator.emitter import Emitter, Sink
@@ -86,10 +87,13 @@ class Runner:
         self.codec = RecordCodec(p.codec, p.sink.output)
         self.max_records, self.idle_exit_s, self.clock = max_records, idle_exit_s, clock
         b = p.batching
-        policy = BatchPolicy(max_batch_size=b.max_batch_size, max_queue_delay_s=b.max_queue_delay_ms / 1000,
+        delay_ms = b.latency_target_ms if b.latency_target_ms is not None else b.max_queue_delay_ms
+        policy = BatchPolicy(max_batch_size=b.max_batch_size, max_queue_delay_s=delay_ms / 1000,
                              bucket_by_length=b.bucket_by == "tokens", max_batch_tokens=b.max_batch_tokens,
                              bucket_width=b.bucket_width)
         self.state = SharedState(batcher=Batcher(policy), tracker=OffsetTracker())
+        if b.latency_target_ms is not None:
+            self.state.adaptive = AdaptivePolicy(b.latency_target_ms / 1000, b.max_batch_size)
         self._measure = policy.bucket_by_length or policy.max_batch_tokens is not None  # need item lengths?
         self.observer = observer or Observer()
         self.summary = RunSummary()
@@ -181,6 +185,8 @@ class Runner:
         accepted = self._prepare(decoded, rejected)
         with s.cond:
             s.batcher.add_many(accepted, now)
+            if s.adaptive is not None:
+                s.adaptive.arrivals.observe(len(accepted), now)
             s.cond.notify_all()
         self.emitter.emit([], [], rejected)
 

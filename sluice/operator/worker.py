@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from sluice.engines.base import BatchEngine
+from sluice.operator.adaptive import AdaptivePolicy
 from sluice.operator.batcher import Batcher
 from sluice.operator.errors import BatchSizeGovernor, Failed, infer_isolating
 from sluice.operator.observer import Observer
@@ -34,6 +35,7 @@ class SharedState:
     stopped: bool = False  # the engine thread must exit now
     num_batches: int = 0
     num_batched_records: int = 0
+    adaptive: AdaptivePolicy | None = None  # batching to a latency target, when configured
 
 
 # (the batch, one engine result or Failed per record) -> produce outputs and settle offsets
@@ -78,8 +80,19 @@ class EngineWorker(threading.Thread):
                 if s.stopped:
                     return None
                 now = self.clock()
+                wake_at = s.batcher.next_deadline()
                 if not s.hold:
-                    batch = s.batcher.next_batch(float("inf") if s.draining else now, self.governor.limit)
+                    limit = self.governor.limit
+                    due_at = float("inf") if s.draining else now
+                    if s.adaptive is not None and not s.draining and wake_at is not None:
+                        decision = s.adaptive.decide(now, len(s.batcher),
+                                                     wake_at - s.batcher.policy.max_queue_delay_s)
+                        log.debug("adaptive batching: %s", decision)
+                        if decision.dispatch_now:
+                            due_at, limit = float("inf"), min(limit, decision.size)
+                        else:
+                            wake_at = min(wake_at, decision.wake_at_s)
+                    batch = s.batcher.next_batch(due_at, limit)
                     if batch:
                         s.busy = True
                         s.num_batches += 1
@@ -87,13 +100,16 @@ class EngineWorker(threading.Thread):
                         return batch
                     if s.draining:
                         return None
-                deadline = s.batcher.next_deadline()
-                s.cond.wait(None if deadline is None or s.hold else max(0.0, deadline - now))
+                s.cond.wait(None if wake_at is None or s.hold else max(0.0, wake_at - now))
 
     def _process(self, batch: list[Pending]) -> None:
         started_s = self.clock()
         handle = self.observer.batch_started(batch, started_s)
         outcomes = infer_isolating(self.engine.infer, [p.item for p in batch], self.governor)
         num_failed = sum(1 for o in outcomes if isinstance(o, Failed))
-        self.observer.batch_finished(handle, batch, self.clock() - started_s, num_failed)
+        infer_s = self.clock() - started_s
+        if self.state.adaptive is not None and not num_failed:
+            with self.state.cond:
+                self.state.adaptive.service.observe(len(batch), infer_s)
+        self.observer.batch_finished(handle, batch, infer_s, num_failed)
         self.settle(batch, outcomes)
