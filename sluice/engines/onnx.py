@@ -24,12 +24,13 @@ import numpy as np
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from sluice.engines import onnx_providers
-from sluice.engines.base import BatchEngine, EngineContext, EngineStartError, RecordError
+from sluice.engines.base import BatchEngine, EngineContext, EngineStartError
 from sluice.engines.raw_task import RawTask
 from sluice.engines.registry import EngineType
 from sluice.engines.text_embedding import (
     TextEmbeddingTask,
     TokenizedText,
+    as_text,
     check_pooling_config,
     format_vectors,
     l2_normalize,
@@ -132,7 +133,7 @@ class OnnxEngine(BatchEngine):
             return [self._raw.prepare(value) for value in values]
         if self._embedding is None:
             raise RuntimeError("OnnxEngine.prepare called before start()")
-        return self._embedding.tokenize([_as_text(value) for value in values])
+        return self._embedding.tokenize([as_text(value) for value in values])
 
     def item_length(self, item: Any) -> int:
         return item.num_tokens if isinstance(item, TokenizedText) else 1
@@ -223,17 +224,6 @@ class OnnxEngine(BatchEngine):
                 self._raw.warm_up(self._run)
         except Exception as err:
             raise EngineStartError(f"warm-up run of the model failed: {_first_line(err)}") from None
-
-
-def _as_text(value: Any) -> str:
-    if isinstance(value, str):
-        return value
-    if isinstance(value, bytes):
-        try:
-            return value.decode("utf-8")
-        except UnicodeDecodeError:
-            raise RecordError("the input is not valid UTF-8 text") from None
-    raise RecordError(f"text-embedding expects a string, got {type(value).__name__}")
 
 
 def _first_line(err: BaseException) -> str:

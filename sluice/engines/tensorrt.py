@@ -36,12 +36,12 @@ from sluice.engines.tensorrt_build import BuildRequest, LoadedEngine, load_or_bu
 from sluice.engines.text_embedding import (
     TextEmbeddingTask,
     TokenizedText,
+    as_text,
     check_pooling_config,
     format_vectors,
     l2_normalize,
     pad_batch,
 )
-from sluice.engines.torch import as_text
 
 _EMBEDDING_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 _TOKEN_OUTPUTS = ("last_hidden_state", "token_embeddings")  # (batch, tokens, dim): pooled here

@@ -21,6 +21,8 @@ from typing import Any, Literal
 
 import numpy as np
 
+from sluice.engines.base import RecordError
+
 OutputFormat = Literal["list", "base64"]
 
 
@@ -136,3 +138,15 @@ def format_vectors(vectors: np.ndarray, output_format: OutputFormat) -> list[Any
 def decode_base64_vector(text: str) -> np.ndarray:
     """Inverse of the ``base64`` output format: (dim,) float32."""
     return np.frombuffer(base64.b64decode(text), dtype="<f4").astype(np.float32)
+
+
+def as_text(value: Any) -> str:
+    """A record value as text (bytes decoded as UTF-8); RecordError for anything else."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bytes):
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError:
+            raise RecordError("the input is not valid UTF-8 text") from None
+    raise RecordError(f"text-embedding expects a string, got {type(value).__name__}")

@@ -34,12 +34,13 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from sluice.engines import torch_device, torch_models
-from sluice.engines.base import BatchEngine, EngineContext, EngineStartError, RecordError
+from sluice.engines.base import BatchEngine, EngineContext, EngineStartError
 from sluice.engines.raw_task import RawTask
 from sluice.engines.registry import EngineType
 from sluice.engines.text_embedding import (
     TextEmbeddingTask,
     TokenizedText,
+    as_text,
     check_pooling_config,
     format_vectors,
     l2_normalize,
@@ -263,18 +264,6 @@ def _to_numpy(torch: Any, tensor: Any) -> np.ndarray:
         tensor = tensor.float()
     array: np.ndarray = tensor.detach().cpu().numpy()
     return array
-
-
-def as_text(value: Any) -> str:
-    """A record value as text (bytes decoded as UTF-8); RecordError for anything else."""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, bytes):
-        try:
-            return value.decode("utf-8")
-        except UnicodeDecodeError:
-            raise RecordError("the input is not valid UTF-8 text") from None
-    raise RecordError(f"text-embedding expects a string, got {type(value).__name__}")
 
 
 def _make(options: TorchOptions, context: EngineContext) -> TorchEngine:

@@ -102,6 +102,9 @@ class ContinuousWorker(threading.Thread):
 
     def _advance(self, new: list[Pending]) -> None:
         finished: list[tuple[int, Pending, object]] = []
+        started_s = self.clock()
+        # One observed "batch" per step: the records admitted now (their queue delay ends here).
+        handle = self.observer.batch_started(new, started_s) if new else None
         for pending in new:
             key = next(self._keys)
             if self.preserve_order:
@@ -112,12 +115,11 @@ class ContinuousWorker(threading.Thread):
             except Exception as err:  # this request alone cannot run (too long for the context, say)
                 finished.append((key, pending, Failed(err)))
         if self._running:
-            started_s = self.clock()
             for key, result in self.engine.step():
                 pending = self._running.pop(key)
                 finished.append((key, pending, Failed(result) if isinstance(result, BaseException) else result))
-            num_failed = sum(1 for _, _, outcome in finished if isinstance(outcome, Failed))
-            self.observer.batch_finished(None, [p for _, p, _ in finished], self.clock() - started_s, num_failed)
+        num_failed = sum(1 for _, _, outcome in finished if isinstance(outcome, Failed))
+        self.observer.batch_finished(handle, [p for _, p, _ in finished], self.clock() - started_s, num_failed)
         if finished:
             self._emit(finished)
 

@@ -82,6 +82,17 @@ class Prompt:
     params: Any  # SamplingParams
 
 
+@dataclass(frozen=True, slots=True)
+class LLMStats:
+    num_running: int  # requests being prefilled or decoded
+    num_waiting: int  # requests waiting for room in the running batch
+    kv_usage: float  # fraction of KV blocks in use
+    prefix_cache_hit_rate: float  # 0..1, prompt tokens served from the prefix cache
+    num_preemptions: int
+    num_prompt_tokens: int
+    num_output_tokens: int
+
+
 class LLMEngine(ContinuousEngine):
     def __init__(self, options: LLMOptions, context: EngineContext) -> None:
         self.options = options
@@ -172,6 +183,18 @@ class LLMEngine(ContinuousEngine):
     def abort(self, key: Any) -> None:
         if self.llm.abort(str(key)):
             self._num_unfinished -= 1
+
+    @property
+    def stats(self) -> LLMStats | None:
+        """What the metrics endpoint shows for the LLM engine (read from another thread: a snapshot)."""
+        llm = getattr(self, "llm", None)
+        if llm is None:
+            return None
+        s = llm.stats
+        return LLMStats(num_running=llm.scheduler.num_running, num_waiting=llm.scheduler.num_waiting,
+                        kv_usage=s.kv_usage, prefix_cache_hit_rate=s.prefix_cache_hit_rate,
+                        num_preemptions=s.num_preemptions, num_prompt_tokens=s.num_prompt_tokens,
+                        num_output_tokens=s.num_output_tokens)
 
     def close(self) -> None:
         llm = getattr(self, "llm", None)
