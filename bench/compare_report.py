@@ -1,0 +1,180 @@
+"""Tables and plots of ``bench/compare.py``'s results: compare.md, compare_tuning.md, compare_*.png.
+
+Everything here is derived from the result dict that compare.py also writes as compare.json, so the report
+can be regenerated from the JSON alone: ``python bench/compare_report.py [bench/results/compare.json]``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+NAMES = {"sluice": "Sluice", "plain": "per-record loop (confluent-kafka)", "faust": "Faust `take()`",
+         "bytewax": "Bytewax `collect`"}
+TARGETS = {"faust": 1.3, "plain": 1.5}  # required Sluice / contender ratio on the embedding workload
+LATENCY_TARGETS_MS = (100, 250, 500, 1000, 2000)
+
+
+def ratios(result: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """workload -> contender -> Sluice records/s over the contender's, each at its default batch."""
+    out: dict[str, dict[str, float]] = {}
+    for workload, (batch, _) in result["defaults"].items():
+        rows = [r for r in result["saturation"] if r["workload"] == workload]
+        base = {r["peer"]: r["records_per_s"] for r in rows if r["batch"] == (1 if r["peer"] == "plain" else batch)}
+        if "sluice" in base:
+            out[workload] = {peer: base["sluice"] / rate for peer, rate in base.items() if peer != "sluice"}
+    return out
+
+
+def queue_wait_check(result: dict[str, Any]) -> dict[str, Any] | None:
+    """Sluice's p99 queue wait at 50 % load (embed) against max_queue_delay_ms + 5 ms."""
+    for curve in result["latency"]:
+        if curve["peer"] == "sluice" and curve["workload"] == "embed" and len(curve["loads"]) > 1:
+            wait = curve["loads"][1].get("queue_wait_ms")
+            if wait:
+                return {"p99_ms": wait["p99"], "limit_ms": curve["delay_ms"] + 5,
+                        "ok": wait["p99"] <= curve["delay_ms"] + 5}
+    return None
+
+
+def _fmt_ms(loads: list[dict[str, Any]], index: int) -> str:
+    if index >= len(loads):
+        return "–"
+    load = loads[index]
+    if load["overloaded"]:
+        return f"overloaded ({load['delivered']}/{load['offered']} out)"
+    return f"{load['latency_ms']['p50']:.0f} / {load['latency_ms']['p99']:.0f}"
+
+
+def markdown(result: dict[str, Any]) -> str:
+    machine = result["machine"]
+    lines = [f"# Sluice beside the alternatives ({result['mode']} mode)", "",
+             f"{machine['cpu_count']} CPU cores, {machine['platform']}, Python {machine['python']}; 1-minute load "
+             f"average {machine['load_average_1m_start']:.1f} at start, {machine['load_average_1m_end']:.1f} at end "
+             f"(other work shares the machine when it is above the core count). Versions: "
+             + ", ".join(f"{k} {v}" for k, v in result["versions"].items()) + ".", ""]
+    for peer, why in result["skipped"].items():
+        lines += [f"Skipped {NAMES[peer]}: {why}.", ""]
+    lines += ["## Throughput at saturation", "",
+              "| workload | contender | max_batch_size | records/s | CPU µs / record | CPU cores busy |",
+              "|---|---|---:|---:|---:|---:|"]
+    lines += [f"| {r['workload']} | {NAMES[r['peer']]} | {r['batch']} | {r['records_per_s']:,.1f} | "
+              f"{r['cpu_us_per_record']:,.0f} | {r['cpu_cores']:.2f} |" for r in result["saturation"]]
+    lines += ["", "Sluice over each contender, each at its default batch size:", ""]
+    for workload, by_peer in ratios(result).items():
+        for peer, ratio in by_peer.items():
+            target = f" (target ≥ {TARGETS[peer]}x: {'met' if ratio >= TARGETS[peer] else 'NOT met'})" \
+                if workload == "embed" and peer in TARGETS else ""
+            lines.append(f"- {workload}: {ratio:.2f}x {NAMES[peer]}{target}")
+    lines += ["", "## End-to-end latency, p50 / p99 ms, at offered loads (fractions of Sluice's maximum)", ""]
+    loads = result["loads"]
+    lines += ["| workload | contender | " + " | ".join(f"{f:.0%}" for f in loads) + " |",
+              "|---|---|" + "---:|" * len(loads)]
+    for curve in result["latency"]:
+        rates = " / ".join(f"{load['rate']:.0f}" for load in curve["loads"])
+        lines.append(f"| {curve['workload']} ({rates} rec/s) | {NAMES[curve['peer']]} | "
+                     + " | ".join(_fmt_ms(curve["loads"], i) for i in range(len(loads))) + " |")
+    check = queue_wait_check(result)
+    if check:
+        lines += ["", f"Sluice p99 queue wait at 50 % load (embed): {check['p99_ms']:.1f} ms, limit "
+                      f"max_queue_delay_ms + 5 = {check['limit_ms']} ms: {'met' if check['ok'] else 'NOT met'}."]
+    lines += ["", "Plots: compare_throughput.png (records/s by batch size), compare_latency.png (latency against "
+                  "offered load). Tuning sweep: compare_tuning.md."]
+    return "\n".join(lines) + "\n"
+
+
+def tuning_markdown(result: dict[str, Any]) -> str:
+    rows = result["tuning"]
+    if not rows:
+        return "No tuning sweep in this run.\n"
+    max_rate = {r["batch"]: r["records_per_s"] for r in result["saturation"]
+                if r["workload"] == "embed" and r["peer"] == "sluice"}
+    rate = rows[0]["rate"]
+    lines = ["# Tuning `max_queue_delay_ms` x `max_batch_size` (Sluice, MiniLM embeddings)", "",
+             f"Offered load {rate:.1f} records/s (50 % of Sluice's maximum at the default batch), "
+             f"{result['mode']} mode, 1-minute load average {result['machine']['load_average_1m_start']:.1f}.", "",
+             "| max_queue_delay_ms | max_batch_size | p50 ms | p99 ms | p99 queue wait ms | saturation records/s |",
+             "|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        wait = r.get("queue_wait_ms", {}).get("p99")
+        lat = r["latency_ms"]
+        p50, p99 = (f"{lat['p50']:.0f}", f"{lat['p99']:.0f}") if lat else ("overloaded", "overloaded")
+        saturated = f"{max_rate[r['batch']]:.1f}" if r["batch"] in max_rate else "–"
+        lines.append(f"| {r['delay_ms']} | {r['batch']} | {p50} | {p99} | {'–' if wait is None else f'{wait:.1f}'} "
+                     f"| {saturated} |")
+    lines += ["", "Which settings for a p99 target (at this load): among the settings that meet it, the largest "
+                  "batch (most headroom when load rises), then the lowest p99.", "",
+              "| p99 target | choose | measured p99 |", "|---:|---|---:|"]
+    for target in LATENCY_TARGETS_MS:
+        meeting = [r for r in rows if r["latency_ms"] and r["latency_ms"]["p99"] <= target]
+        if not meeting:
+            lines.append(f"| {target} ms | none measured meets it | – |")
+            continue
+        best = max(meeting, key=lambda r: (r["batch"], -r["latency_ms"]["p99"]))
+        lines.append(f"| {target} ms | max_batch_size {best['batch']}, max_queue_delay_ms {best['delay_ms']} | "
+                     f"{best['latency_ms']['p99']:.0f} ms |")
+    return "\n".join(lines) + "\n"
+
+
+def plots(result: dict[str, Any], out_dir: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for peer in NAMES:
+        points = sorted((r["batch"], r["records_per_s"]) for r in result["saturation"]
+                        if r["workload"] == "embed" and r["peer"] == peer)
+        if points:
+            xs, ys = zip(*points, strict=True)
+            ax.plot(xs, ys, marker="o", linestyle="-" if len(xs) > 1 else "none", label=NAMES[peer].replace("`", ""))
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("max_batch_size (the per-record loop: 1)")
+    ax.set_ylabel("records/s at saturation")
+    ax.set_title("MiniLM embeddings, topic to topic: throughput by batch size")
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out_dir / "compare_throughput.png", dpi=110)
+    plt.close(fig)
+
+    workloads = sorted({c["workload"] for c in result["latency"]})
+    fig, axes = plt.subplots(1, len(workloads), figsize=(6.5 * len(workloads), 4.5), squeeze=False)
+    for ax, workload in zip(axes[0], workloads, strict=True):
+        for curve in [c for c in result["latency"] if c["workload"] == workload]:
+            done = [load for load in curve["loads"] if not load["overloaded"]]
+            name = NAMES[curve["peer"]].replace("`", "")
+            for key, style in (("p50", "--"), ("p99", "-")):
+                line, = ax.plot([load["rate"] for load in done], [load["latency_ms"][key] for load in done],
+                                style, marker="o", label=f"{name} {key}")
+                style_color = line.get_color()
+            for load in curve["loads"]:
+                if load["overloaded"]:
+                    ax.axvline(load["rate"], color=style_color, linestyle=":", alpha=0.6)
+        ax.set_yscale("log")
+        ax.set_xlabel("offered load, records/s (25 / 50 / 90 % of Sluice's max); dotted: overloaded")
+        ax.set_ylabel("end-to-end latency, ms")
+        ax.set_title(f"{workload}: latency against offered load")
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out_dir / "compare_latency.png", dpi=110)
+    plt.close(fig)
+
+
+def write_report(result: dict[str, Any], out_dir: Path) -> str:
+    """Writes compare.md, compare_tuning.md and the PNGs into ``out_dir``; returns compare.md's text."""
+    text = markdown(result)
+    (out_dir / "compare.md").write_text(text)
+    (out_dir / "compare_tuning.md").write_text(tuning_markdown(result))
+    plots(result, out_dir)
+    return text
+
+
+if __name__ == "__main__":
+    path = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).parent / "results" / "compare.json"
+    print(write_report(json.loads(path.read_text()), path.parent))
