@@ -1,12 +1,17 @@
 """Adaptive batching to a latency target: the batcher learns the engine and chooses each batch's size.
 
 The user states ``latency_target_ms`` (a record's queue wait + service). The policy keeps two online
-estimates -- the engine's service time as a function of batch size, ``s(b) = fixed + per_item * b``
-(exponentially weighted least squares over the batches it has seen), and the arrival rate -- and makes
-the classic choice each time the engine is free: the largest batch whose oldest record, waiting for the
-batch to fill at the current arrival rate and then being served, still finishes within the target:
+estimates -- the engine's service time as a function of batch size ``s(b)`` (least squares over the
+latest batches, with a quadratic term for engines whose per-record cost grows with the batch, like padded
+batches on a CPU) and the arrival rate -- and makes the classic choice each time the engine is free: wait
+for the largest batch that serves more records per second (``b / s(b)`` at least ``min_gain`` better than
+going now) and whose oldest record, waiting for the batch to fill at the current arrival rate and then
+being served, still finishes within the target:
 
-    age(oldest) + max(0, (b - queued) / rate) + s(b) <= target * safety
+    age(oldest) + (b - queued) / rate + s(b) <= target * safety
+
+On a GPU (large fixed cost per batch) that means batching up to what the target allows; on a CPU whose
+cost is all per record it means not waiting at all.
 
 When no bigger batch fits the target, it dispatches everything queued (up to the maximum) at once: serving
 a backlog in small pieces pays the fixed cost again and again. Overload is handled by backpressure;
@@ -18,7 +23,10 @@ Pure code: time comes in as arguments; no I/O, no threads.
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass
+
+import numpy as np
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,38 +39,47 @@ class Decision:
 
 
 class ServiceModel:
-    """Service time ``fixed_s + per_item_s * b``, fitted by exponentially weighted least squares."""
+    """Service time ``fixed + per_item * b + per_item2 * b**2``, least squares over the latest batches.
 
-    def __init__(self, decay: float = 0.97, prior_fixed_s: float = 0.001, prior_per_item_s: float = 0.0001) -> None:
-        self.decay = decay
-        # weighted sums for the normal equations of t = a + c*b (seeded by a weak prior at b = 1 and 8)
-        self._n = self._sb = self._sbb = self._st = self._sbt = 0.0
-        for b in (1.0, 8.0):
-            self._add(b, prior_fixed_s + prior_per_item_s * b, weight=0.05)
+    The quadratic term captures engines whose cost per record grows with the batch (padding on a CPU);
+    the fixed term is what batching amortises (kernel launches and weight reads on a GPU).
+    """
+
+    def __init__(self, window: int = 128, prior_fixed_s: float = 0.001, prior_per_item_s: float = 0.0001) -> None:
+        self._obs: deque[tuple[float, float]] = deque(maxlen=window)
+        self._prior = (prior_fixed_s, prior_per_item_s, 0.0)
+        self._coef: tuple[float, float, float] | None = None
 
     def observe(self, batch_size: int, service_s: float) -> None:
-        for name in ("_n", "_sb", "_sbb", "_st", "_sbt"):
-            setattr(self, name, getattr(self, name) * self.decay)
-        self._add(float(batch_size), service_s, weight=1.0)
+        self._obs.append((float(batch_size), service_s))
+        self._coef = None
 
     def predict(self, batch_size: int) -> float:
-        fixed, per_item = self.coefficients()
-        return fixed + per_item * batch_size
+        fixed, per_item, per_item2 = self.coefficients()
+        return fixed + per_item * batch_size + per_item2 * batch_size * batch_size
 
-    def coefficients(self) -> tuple[float, float]:
-        det = self._n * self._sbb - self._sb * self._sb
-        if det <= 1e-12:  # one batch size seen so far: all of it is per-item cost
-            return 0.0, self._st / max(self._sb, 1e-9)
-        per_item = (self._n * self._sbt - self._sb * self._st) / det
-        fixed = (self._st - per_item * self._sb) / self._n
-        return max(0.0, fixed), max(0.0, per_item)
+    def coefficients(self) -> tuple[float, float, float]:
+        if self._coef is None:
+            self._coef = self._fit()
+        return self._coef
 
-    def _add(self, b: float, t: float, weight: float) -> None:
-        self._n += weight
-        self._sb += weight * b
-        self._sbb += weight * b * b
-        self._st += weight * t
-        self._sbt += weight * b * t
+    def _fit(self) -> tuple[float, float, float]:
+        sizes = {b for b, _ in self._obs}
+        if not sizes:
+            return self._prior
+        b = np.array([o[0] for o in self._obs])
+        t = np.array([o[1] for o in self._obs])
+        if len(sizes) == 1:  # one batch size seen: cannot split fixed from per-item cost
+            return 0.0, float(t.mean() / b[0]), 0.0
+        columns = [np.ones_like(b), b] + ([b * b] if len(sizes) >= 3 else [])
+        coef = np.linalg.lstsq(np.stack(columns, axis=1), t, rcond=None)[0]
+        fixed, per_item = max(0.0, float(coef[0])), float(coef[1])
+        per_item2 = max(0.0, float(coef[2])) if len(coef) == 3 else 0.0
+        if per_item < 0:  # keep the model increasing in b
+            per_item = 0.0
+        if fixed == 0.0 and per_item == 0.0 and per_item2 == 0.0:
+            per_item = float((t / b).mean())
+        return fixed, per_item, per_item2
 
 
 class ArrivalRate:
@@ -97,8 +114,9 @@ class ArrivalRate:
 class AdaptivePolicy:
     """Chooses batch sizes to meet ``target_s`` while batching as much as the target allows."""
 
-    def __init__(self, target_s: float, max_batch_size: int, safety: float = 0.8) -> None:
+    def __init__(self, target_s: float, max_batch_size: int, safety: float = 0.8, min_gain: float = 1.05) -> None:
         self.target_s = target_s
+        self.min_gain = min_gain  # wait for a bigger batch only if it serves at least this much faster
         self.max_batch_size = max_batch_size
         self.budget_s = target_s * safety  # headroom for the estimates' error and the tail
         self.service = ServiceModel()
@@ -109,14 +127,20 @@ class AdaptivePolicy:
         if num_queued == 0 or oldest_arrival_s is None:
             return Decision(False, 0, math.inf, 0.0, rate)
         age_s = now_s - oldest_arrival_s
+        # Throughput per batch size, and the largest batch worth having at all.
+        efficiency = [0.0] + [b / max(self.service.predict(b), 1e-9) for b in range(1, self.max_batch_size + 1)]
+        best_efficient = max(range(1, self.max_batch_size + 1), key=lambda b: (efficiency[b], -b))
+        ready = min(num_queued, self.max_batch_size)
+        go_size = max(range(1, ready + 1), key=lambda b: (efficiency[b], b))
         best_size, best_wake = 0, math.inf
-        for b in range(1, self.max_batch_size + 1):
-            fill_s = 0.0 if b <= num_queued else ((b - num_queued) / rate if rate > 0 else math.inf)
+        for b in range(ready + 1, best_efficient + 1):
+            if efficiency[b] < efficiency[go_size] * self.min_gain:
+                continue  # not worth waiting for
+            fill_s = (b - num_queued) / rate if rate > 0 else math.inf
             if age_s + fill_s + self.service.predict(b) <= self.budget_s:
                 best_size, best_wake = b, now_s + fill_s
-        if best_size > num_queued:  # worth waiting: a bigger batch still meets the target
+        if best_size:  # worth waiting: a bigger batch serves more per second and still meets the target
             return Decision(False, best_size, best_wake, self.service.predict(best_size), rate)
-        # Go now, with everything queued (up to the maximum): serving the backlog in smaller pieces would
-        # pay the engine's fixed cost again for the records behind, and under load lose the race.
-        size = max(1, min(num_queued, self.max_batch_size))
-        return Decision(True, size, now_s, self.service.predict(size), rate)
+        # Go now, with the most efficient batch the queue allows: serving a backlog in pieces smaller than
+        # that pays the fixed cost again for the records behind, and under load loses the race.
+        return Decision(True, go_size, now_s, self.service.predict(go_size), rate)

@@ -120,9 +120,27 @@ def test_service_model_learns_fixed_and_per_item_costs() -> None:
     model = ServiceModel()
     for b in [1, 4, 16, 64, 8, 32] * 20:
         model.observe(b, 0.004 + 0.0003 * b)
-    fixed, per_item = model.coefficients()
+    fixed, per_item, per_item2 = model.coefficients()
     assert fixed == pytest.approx(0.004, rel=0.05) and per_item == pytest.approx(0.0003, rel=0.05)
+    assert per_item2 == pytest.approx(0.0, abs=1e-7)
     assert model.predict(10) == pytest.approx(0.007, rel=0.05)
+
+
+def test_service_model_sees_a_cost_per_record_that_grows_with_the_batch() -> None:
+    model = ServiceModel()
+    for b in [1, 4, 16, 64, 8, 32] * 20:
+        model.observe(b, 0.002 * b + 0.00005 * b * b)  # a CPU padding batches: no fixed cost to amortise
+    assert model.predict(64) == pytest.approx(0.002 * 64 + 0.00005 * 64 * 64, rel=0.05)
+
+
+def test_on_an_engine_with_no_fixed_cost_it_does_not_wait_for_batches() -> None:
+    policy = AdaptivePolicy(target_s=0.5, max_batch_size=64)
+    for b in [1, 2, 4, 8, 16, 32, 64] * 5:
+        policy.service.observe(b, 0.002 * b + 0.00005 * b * b)
+    for t in range(100):
+        policy.arrivals.observe(1, t * 0.01)  # 100 records/s: waiting for 8 would take 70 ms and fit
+    decision = policy.decide(now_s=1.0, num_queued=1, oldest_arrival_s=0.999)
+    assert decision.dispatch_now and decision.size == 1
 
 
 def test_arrival_rate_tracks_steps_and_decays_when_the_stream_stops() -> None:
