@@ -30,9 +30,9 @@ from sluice.engines.registry import EngineType
 from sluice.engines.text_embedding import (
     TextEmbeddingTask,
     TokenizedText,
-    as_text,
     check_pooling_config,
     format_vectors,
+    item_length,
     l2_normalize,
     mean_pool,
     pad_batch,
@@ -133,10 +133,10 @@ class OnnxEngine(BatchEngine):
             return [self._raw.prepare(value) for value in values]
         if self._embedding is None:
             raise RuntimeError("OnnxEngine.prepare called before start()")
-        return self._embedding.tokenize([as_text(value) for value in values])
+        return self._embedding.prepare(values)
 
     def item_length(self, item: Any) -> int:
-        return item.num_tokens if isinstance(item, TokenizedText) else 1
+        return item_length(item)
 
     def infer(self, items: Sequence[Any]) -> list[Any]:
         if not items:
@@ -173,17 +173,12 @@ class OnnxEngine(BatchEngine):
         return list(binding.copy_outputs_to_cpu())
 
     def _model_file(self) -> Path:
-        from sluice.models import ModelError, resolve_model
+        from sluice.models import ModelError, resolve_model_file
 
         try:
-            path = resolve_model(self.options.model, base_dir=self.context.pipeline_dir)
+            return resolve_model_file(self.options.model, "model.onnx", base_dir=self.context.pipeline_dir)
         except ModelError as err:
             raise EngineStartError(str(err)) from None
-        if path.is_dir():
-            path = path / "model.onnx"
-            if not path.is_file():
-                raise EngineStartError(f"no model.onnx in {path.parent}; point 'model' at a .onnx file")
-        return path
 
     def _start_text_embedding(self, model_file: Path) -> None:
         inputs = list(self._feed_types)

@@ -35,10 +35,9 @@ from sluice.engines.registry import EngineType
 from sluice.engines.tensorrt_build import BuildRequest, LoadedEngine, load_or_build
 from sluice.engines.text_embedding import (
     TextEmbeddingTask,
-    TokenizedText,
-    as_text,
     check_pooling_config,
     format_vectors,
+    item_length,
     l2_normalize,
     pad_batch,
 )
@@ -131,10 +130,10 @@ class TensorrtEngine(BatchEngine):
     def prepare(self, values: Sequence[Any]) -> list[Any]:
         if self._embedding is None:
             raise RuntimeError("TensorrtEngine.prepare called before start()")
-        return self._embedding.tokenize([as_text(value) for value in values])
+        return self._embedding.prepare(values)
 
     def item_length(self, item: Any) -> int:
-        return item.num_tokens if isinstance(item, TokenizedText) else 1
+        return item_length(item)
 
     def infer(self, items: Sequence[Any]) -> list[Any]:
         if not items:
@@ -192,17 +191,12 @@ class TensorrtEngine(BatchEngine):
         self._output_dtypes = {n: _torch_dtype(trt, self._torch, engine.get_tensor_dtype(n)) for n in outputs}
 
     def _model_file(self) -> Path:
-        from sluice.models import ModelError, resolve_model
+        from sluice.models import ModelError, resolve_model_file
 
         try:
-            path = resolve_model(self.options.model, base_dir=self.context.pipeline_dir)
+            return resolve_model_file(self.options.model, "model.onnx", base_dir=self.context.pipeline_dir)
         except ModelError as err:
             raise EngineStartError(str(err)) from None
-        if path.is_dir():
-            path = path / "model.onnx"
-            if not path.is_file():
-                raise EngineStartError(f"no model.onnx in {path.parent}; point 'model' at a .onnx file")
-        return path
 
     def _start_tokenizer(self, model_file: Path) -> None:
         try:

@@ -63,6 +63,10 @@ class TextEmbeddingTask:
         padding_id = tokenizer.token_to_id("[PAD]")
         self.pad_id = 0 if padding_id is None else padding_id
 
+    def prepare(self, values: Sequence[Any]) -> list[TokenizedText]:
+        """An engine's ``prepare`` for this task: record values (str or UTF-8 bytes) -> tokenised items."""
+        return self.tokenize([as_text(value) for value in values])
+
     def tokenize(self, texts: Sequence[str]) -> list[TokenizedText]:
         """Tokenise ``texts`` (already checked to be strings); one item per text, in order."""
         if len(texts) == 1:
@@ -150,3 +154,8 @@ def as_text(value: Any) -> str:
         except UnicodeDecodeError:
             raise RecordError("the input is not valid UTF-8 text") from None
     raise RecordError(f"text-embedding expects a string, got {type(value).__name__}")
+
+
+def item_length(item: Any) -> int:
+    """An engine's ``item_length``: tokens for a tokenised text, 1 for anything else (raw task items)."""
+    return item.num_tokens if isinstance(item, TokenizedText) else 1

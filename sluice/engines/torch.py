@@ -40,9 +40,9 @@ from sluice.engines.registry import EngineType
 from sluice.engines.text_embedding import (
     TextEmbeddingTask,
     TokenizedText,
-    as_text,
     check_pooling_config,
     format_vectors,
+    item_length,
     l2_normalize,
     pad_batch,
 )
@@ -143,10 +143,10 @@ class TorchEngine(BatchEngine):
             return [self._raw.prepare(value) for value in values]
         if self._embedding is None:
             raise RuntimeError("TorchEngine.prepare called before start()")
-        return self._embedding.tokenize([as_text(value) for value in values])
+        return self._embedding.prepare(values)
 
     def item_length(self, item: Any) -> int:
-        return item.num_tokens if isinstance(item, TokenizedText) else 1
+        return item_length(item)
 
     def infer(self, items: Sequence[Any]) -> list[Any]:
         if not items:

@@ -5,7 +5,14 @@ file says (``model: minilm-l6`` or ``model: ./my-model``) into a directory or fi
 """
 
 from sluice.models.catalogue import KNOWN_MODELS, ModelError, ModelSpec, lookup_spec
-from sluice.models.fetch import default_cache_dir, fetch, is_fetched, model_dir, resolve_model
+from sluice.models.fetch import (
+           default_cache_dir,
+           fetch,
+           is_fetched,
+           model_dir,
+           resolve_model,
+           resolve_model_file,
+)
 
 __all__ = ["KNOWN_MODELS", "ModelError", "ModelSpec", "default_cache_dir", "fetch", "is_fetched",
-           "lookup_spec", "model_dir", "resolve_model"]
+           "lookup_spec", "model_dir", "resolve_model", "resolve_model_file"]

@@ -241,3 +241,13 @@ def _check_free_space(parent: Path, spec: ModelSpec) -> None:
 
 def _mb(num_bytes: int) -> int:
     return round(num_bytes / 1e6)
+
+
+def resolve_model_file(name_or_path: str | Path, filename: str, base_dir: Path | str | None = None) -> Path:
+    """Like :func:`resolve_model`, but a directory must hold ``filename`` (e.g. ``model.onnx``): that file."""
+    path = resolve_model(name_or_path, base_dir=base_dir)
+    if path.is_dir():
+        path = path / filename
+        if not path.is_file():
+            raise ModelError(f"no {filename} in {path.parent}; point 'model' at a {Path(filename).suffix} file")
+    return path
