@@ -42,7 +42,7 @@ from compare_harness import Contender, latency, saturation  # noqa: E402
 from compare_report import write_report  # noqa: E402
 from embed_engine import review_texts  # noqa: E402
 
-from tests.support.kafka import create_topic, produce, unique_topic  # noqa: E402
+from tests.support.kafka import create_topic, unique_topic  # noqa: E402
 
 LOADS = (0.25, 0.5, 0.9)
 DEFAULTS = {"embed": (32, 20), "noop": (512, 5)}  # workload -> (max_batch_size, max_queue_delay_ms)
@@ -54,16 +54,17 @@ class Settings:
     window_s: dict[str, float]  # longest saturation measurement, per workload
     latency_s: float  # offered-load duration, per load level
     latency_workloads: tuple[str, ...]
+    rounds: int  # embed saturation runs of each contender at its default batch, alternating; the best counts
     sweep_batches: tuple[int, ...]  # extra batch sizes for the batching contenders (embed)
     sweep_peers: tuple[str, ...]
     tuning_delays_ms: tuple[int, ...]
     tuning_batches: tuple[int, ...]
 
 
-QUICK = Settings({"embed": 400, "noop": 60_000}, {"embed": 6, "noop": 4}, 4, ("embed",), (8,), ("sluice",),
-                 (5, 50), (8, 32))
-FULL = Settings({"embed": 3000, "noop": 200_000}, {"embed": 12, "noop": 8}, 8, ("embed", "noop"), (1, 8, 64),
-                ("sluice", "faust"), (5, 20, 50), (8, 32, 64))
+QUICK = Settings({"embed": 400, "noop": 60_000}, {"embed": 6, "noop": 4}, 4, ("embed",), 1, (8,),
+                 ("sluice", "faust"), (5, 50), (8, 32))
+FULL = Settings({"embed": 3000, "noop": 200_000}, {"embed": 12, "noop": 8}, 6, ("embed", "noop"), 2, (8, 64),
+                ("sluice", "faust", "bytewax"), (5, 20, 50), (8, 32, 64))
 
 
 def _topic(bootstrap: str, prefix: str) -> str:
@@ -85,20 +86,24 @@ def _log(message: str) -> None:
 def run_saturation(bootstrap: str, peers: list[str], settings: Settings, texts: list[str]) -> list[dict[str, Any]]:
     rows = []
     for workload, n in settings.num_records.items():
-        topic_in = _topic(bootstrap, f"cmp-{workload}")
-        produce(bootstrap, topic_in, ((str(i), json.dumps({"text": texts[i % len(texts)], "seq": i}))
-                                      for i in range(n)), timeout_s=300)
         default_batch, delay_ms = DEFAULTS[workload]
-        runs = [(peer, 1 if peer == "plain" else default_batch) for peer in peers]
+        rounds = settings.rounds if workload == "embed" else 1
+        runs = [(peer, 1 if peer == "plain" else default_batch) for _ in range(rounds) for peer in peers]
         if workload == "embed":
             runs += [(peer, b) for peer in settings.sweep_peers if peer in peers for b in settings.sweep_batches]
         for peer, batch in runs:
             _log(f"saturation: {workload} {peer} batch {batch}")
             contender = Contender(peer, workload, batch, delay_ms)
-            result = saturation(bootstrap, contender, topic_in, _out_topic(bootstrap), n, settings.window_s[workload])
+            result = saturation(bootstrap, contender, _topic(bootstrap, f"cmp-{workload}"), _out_topic(bootstrap),
+                                texts, n, settings.window_s[workload])
             rows.append({"workload": workload, "peer": peer, "batch": batch, "delay_ms": delay_ms, **result})
             _log(f"  {result['records_per_s']:.1f} records/s, {result['cpu_us_per_record']:.0f} CPU µs/record")
-    return rows
+    best: dict[tuple[str, str, int], dict[str, Any]] = {}  # the best of the rounds (least disturbed by others)
+    for row in rows:
+        key = (row["workload"], row["peer"], row["batch"])
+        if key not in best or row["records_per_s"] > best[key]["records_per_s"]:
+            best[key] = row
+    return list(best.values())
 
 
 def run_latency(bootstrap: str, contender: Contender, rates: list[float], settings: Settings,

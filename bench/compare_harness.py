@@ -2,10 +2,11 @@
 
 Two measurements, both read on the output topic:
 
-* :func:`saturation` -- the input is produced beforehand; records/s from the first to the last output's
-  produce timestamp (start-up and group joins do not count), CPU of the contender's process (all threads,
-  from ``/proc``) between its first and its last output, per record.
-* :func:`latency` -- a paced producer offers each load in turn (lowest first) for ``duration_s``; each record
+* :func:`saturation` -- once the contender answers priming records (start-up and group joins do not count),
+  a burst of records; records/s from the first send to the last output's produce timestamp, and CPU of the
+  contender's process (all threads, from ``/proc``) over the same stretch, per record.
+* :func:`latency` -- after a short warm-up, a paced producer offers each load in turn (lowest first) for
+  ``duration_s``; each record
   carries its send time (wall clock ms) and end-to-end latency is the output's produce timestamp minus it.
   A load whose outputs do not all arrive within ``drain_s`` is marked overloaded and higher loads are skipped.
 """
@@ -107,28 +108,43 @@ class OutputReader(threading.Thread):
         return False
 
 
-def saturation(bootstrap: str, contender: Contender, topic_in: str, topic_out: str, n: int,
+def saturation(bootstrap: str, contender: Contender, topic_in: str, topic_out: str, texts: list[str], n: int,
                window_s: float, start_timeout_s: float = 180) -> dict[str, Any]:
-    """records/s and CPU µs/record, with ``n`` records already on ``topic_in``: measured from the first output
-    until all ``n`` are out or ``window_s`` has passed, whichever comes first."""
+    """records/s and CPU µs/record at saturation.
+
+    Once the contender has answered a few priming records (started, joined, warmed up), ``n`` records are
+    produced at once; the rate is the records out within ``window_s`` over the time from the first send to
+    the last output's produce timestamp, so a contender that emits in bursts is not flattered.
+    """
     child = Child(contender, bootstrap, topic_in, topic_out)
     reader = OutputReader(bootstrap, topic_out)
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "queue.buffering.max.messages": 1_000_000})
+    values = [json.dumps({"text": texts[i % len(texts)], "seq": i}).encode() for i in range(n)]
     try:
-        if not reader.wait_for(1, start_timeout_s, child):
+        _paced(producer, topic_in, texts, phase=-1, rate=100, count=NUM_PARTITIONS * 2)
+        if not reader.wait_for(NUM_PARTITIONS * 2, start_timeout_s, child):
             raise RuntimeError(f"{contender.peer}: no output within {start_timeout_s} s of start")
-        cpu_first_s, count_first = child.cpu_s(), len(reader.rows)
-        reader.wait_for(n, window_s, child)
-        cpu_s, count = child.cpu_s() - cpu_first_s, len(reader.rows)
+        seen, cpu_start_s, start_ms = len(reader.rows), child.cpu_s(), time.time() * 1000
+        for i, value in enumerate(values):
+            while True:
+                try:
+                    producer.produce(topic_in, value, partition=i % NUM_PARTITIONS)
+                    break
+                except BufferError:
+                    producer.poll(0.01)
+        producer.flush(60)
+        reader.wait_for(seen + n, max(0.0, window_s - (time.time() * 1000 - start_ms) / 1000), child)
+        cpu_s, count = child.cpu_s() - cpu_start_s, len(reader.rows) - seen
     except RuntimeError as error:
         raise RuntimeError(f"{error}\n{child.stderr_tail()}") from None
     finally:
         reader.done.set()
         child.stop()
-    stamps = [ts for ts, _ in reader.rows[:count]]
-    span_s = max(1e-3, (max(stamps) - min(stamps)) / 1000)
+    if count == 0:
+        raise RuntimeError(f"{contender.peer}: no output within {window_s} s at saturation")
+    span_s = max(1e-3, (max(ts for ts, _ in reader.rows[seen: seen + count]) - start_ms) / 1000)
     return {"records_per_s": count / span_s, "num_records": count, "span_s": span_s,
-            "cpu_us_per_record": cpu_s / max(1, count - count_first) * 1e6,
-            "cpu_cores": cpu_s / span_s}
+            "cpu_us_per_record": cpu_s / count * 1e6, "cpu_cores": cpu_s / span_s}
 
 
 def _paced(producer: Producer, topic: str, texts: list[str], phase: int, rate: float, count: int) -> None:
@@ -164,8 +180,10 @@ class LoadResult:
 
 
 def latency(bootstrap: str, contender: Contender, topic_in: str, topic_out: str, texts: list[str],
-            rates: list[float], duration_s: float, drain_s: float = 15) -> tuple[list[LoadResult], dict[str, Any]]:
-    """End-to-end latency at each offered rate (records/s); also what the child printed at exit."""
+            rates: list[float], duration_s: float, drain_s: float = 15,
+            warmup_s: float = 2) -> tuple[list[LoadResult], dict[str, Any]]:
+    """End-to-end latency at each offered rate (records/s), after ``warmup_s`` at the first rate that is not
+    measured; also what the child printed at exit."""
     child = Child(contender, bootstrap, topic_in, topic_out)
     reader = OutputReader(bootstrap, topic_out)
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 1})
@@ -174,6 +192,10 @@ def latency(bootstrap: str, contender: Contender, topic_in: str, topic_out: str,
         _paced(producer, topic_in, texts, phase=-1, rate=100, count=NUM_PARTITIONS * 2)  # joins + warm-up
         if not reader.wait_for(NUM_PARTITIONS * 2, 180, child):
             raise RuntimeError(f"{contender.peer}: no output within 180 s of start")
+        warmup = max(NUM_PARTITIONS, int(rates[0] * warmup_s))  # new batch shapes, arena growth: not measured
+        _paced(producer, topic_in, texts, phase=-1, rate=rates[0], count=warmup)
+        if not reader.wait_for(NUM_PARTITIONS * 2 + warmup, drain_s, child):
+            raise RuntimeError(f"{contender.peer}: warm-up at {rates[0]:.1f} records/s did not drain in {drain_s} s")
         seen = len(reader.rows)
         for phase, rate in enumerate(rates):
             count = max(20, int(rate * duration_s))
