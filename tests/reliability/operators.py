@@ -21,7 +21,9 @@ class Operator:
 
     def __init__(self, pipeline: Path, log_path: Path, *, idle_exit_s: float | None = None,
                  env: Mapping[str, str] | None = None) -> None:
-        args = [sys.executable, "-m", "sluice.cli", "run", str(pipeline)]
+        # RELIABILITY_LOG_LEVEL=debug: the operators' own logs in full, for chasing a failure
+        level = os.environ.get("RELIABILITY_LOG_LEVEL", "info")
+        args = [sys.executable, "-m", "sluice.cli", "--log-level", level, "run", str(pipeline)]
         if idle_exit_s is not None:
             args += ["--idle-exit", str(idle_exit_s)]
         self.log_path = log_path
