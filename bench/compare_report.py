@@ -114,15 +114,20 @@ def tuning_markdown(result: dict[str, Any]) -> str:
         saturated = f"{max_rate[r['batch']]:.1f}" if r["batch"] in max_rate else "–"
         lines.append(f"| {r['delay_ms']} | {r['batch']} | {p50} | {p99} | {'–' if wait is None else f'{wait:.1f}'} "
                      f"| {saturated} |")
-    lines += ["", "Which settings for a p99 target (at this load): among the settings that meet it, the largest "
-                  "batch (most headroom when load rises), then the lowest p99.", "",
+    lines += ["", "How to read it: at this load a batch usually closes on `max_queue_delay_ms`, not on size, so "
+                  "p50 is about the delay plus one batch's inference, and the p50 queue wait is the delay itself. "
+                  "What the p99 queue wait adds above the delay is time the engine was still busy with the previous "
+                  "batch: larger batches and longer delays make that batch longer. `max_batch_size` is the "
+                  "throughput knob (last column, measured at saturation with the default delay).", "",
+              "Which settings for a p99 target (at this load): among the settings that meet it, the one with the "
+              "most throughput at saturation (headroom when load rises), then the lowest p99.", "",
               "| p99 target | choose | measured p99 |", "|---:|---|---:|"]
     for target in LATENCY_TARGETS_MS:
         meeting = [r for r in rows if r["latency_ms"] and r["latency_ms"]["p99"] <= target]
         if not meeting:
             lines.append(f"| {target} ms | none measured meets it | – |")
             continue
-        best = max(meeting, key=lambda r: (r["batch"], -r["latency_ms"]["p99"]))
+        best = max(meeting, key=lambda r: (max_rate.get(r["batch"], 0.0), -r["latency_ms"]["p99"]))
         lines.append(f"| {target} ms | max_batch_size {best['batch']}, max_queue_delay_ms {best['delay_ms']} | "
                      f"{best['latency_ms']['p99']:.0f} ms |")
     return "\n".join(lines) + "\n"
