@@ -3,7 +3,8 @@
     python bench/compare_child.py PEER SPEC_JSON
 
 PEER is ``sluice``, ``plain``, ``faust`` or ``bytewax``. SPEC_JSON holds ``bootstrap``, ``topic_in``,
-``topic_out``, ``group``, ``workload`` (``embed`` or ``noop``), ``batch``, ``delay_ms``, ``threads``.
+``topic_out``, ``group``, ``workload`` (``embed`` or ``noop``), ``batch``, ``delay_ms``, ``threads``, and
+optionally ``bucket_by`` (Sluice's batching order for embed; default ``tokens``).
 
 Every contender reads ``topic_in`` from the earliest offset, calls the same model (:func:`make_model`: the
 ONNX MiniLM engine with the same options, or the no-op function) and writes the input JSON object plus the
@@ -74,7 +75,7 @@ def run_sluice(spec: dict[str, Any]) -> None:
     else:
         engine = (f"engine: {{type: onnx, model: minilm-l6, providers: [cpu], intra_op_num_threads: "
                   f"{spec['threads']}, inter_op_num_threads: 1}}")
-        field, bucket = "embedding", ", bucket_by: tokens"
+        field, bucket = "embedding", f", bucket_by: {spec.get('bucket_by', 'tokens')}"
     text = f"""
 source: {{kafka: {{bootstrap_servers: "{spec['bootstrap']}", topics: [{spec['topic_in']}], group_id: {spec['group']}}}}}
 codec: {{format: json, input_field: text}}

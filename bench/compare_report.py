@@ -68,8 +68,9 @@ def markdown(result: dict[str, Any]) -> str:
               "|---|---|---:|---:|---:|---:|"]
     lines += [f"| {r['workload']} | {NAMES[r['peer']]} | {r['batch']} | {r['records_per_s']:,.1f} | "
               f"{r['cpu_us_per_record']:,.0f} | {r['cpu_cores']:.2f} |" for r in result["saturation"]]
-    lines += ["", "Sluice's records/s over each contender's: both at the default batch size (32 for embed, 512 for "
-                  "noop), and each at the best batch size measured for it in this run:", ""]
+    defaults = ", ".join(f"{b} for {w}" for w, (b, _) in result["defaults"].items())
+    lines += ["", f"Sluice's records/s over each contender's: both at the default batch size ({defaults}), and each "
+                  "at the best batch size measured for it in this run:", ""]
     for workload, by_peer in ratios(result).items():
         for peer, both in by_peer.items():
             target = ""
