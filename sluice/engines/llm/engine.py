@@ -218,7 +218,14 @@ class LLM:
         param_list = params if isinstance(params, list) else [params or SamplingParams()] * len(prompts)
         if len(param_list) != len(prompts):
             raise ValueError(f"got {len(param_list)} SamplingParams for {len(prompts)} prompts")
-        ids = [self.add_request(p, sp) for p, sp in zip(prompts, param_list, strict=True)]
+        ids: list[str] = []
+        try:
+            for prompt, sp in zip(prompts, param_list, strict=True):
+                ids.append(self.add_request(prompt, sp))
+        except ValueError:
+            for request_id in ids:  # all or nothing: no half-added batch left running
+                self.abort(request_id)
+            raise
         done: dict[str, RequestOutput] = {}
         while self.has_unfinished():
             for o in self.step():
@@ -248,8 +255,7 @@ class LLM:
 
 def _find_stop(tracker: _Tracker, stops: tuple[str, ...], delta_len: int) -> bool:
     """Look for a stop string overlapping the newest text; record where the earliest one starts."""
-    assert tracker.detok is not None
-    text = tracker.detok.text
+    text = tracker.detok.text if tracker.detok is not None else ""
     window_start = max(0, len(text) - delta_len - max(len(s) for s in stops) + 1)
     found = [i for i in (text.find(s, window_start) for s in stops) if i >= 0]
     if not found:

@@ -131,12 +131,15 @@ class LlamaModel(nn.Module):
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
     ) -> LlamaModel:
-        """Build the model from HF-named tensors (see ``weights.py``), fusing Q/K/V and gate/up."""
+        """Build the model from HF-named tensors (see ``weights.py``), fusing Q/K/V and gate/up.
+
+        Consumes ``tensors`` (the dict is emptied) so that no second copy of the weights stays alive.
+        """
         with torch.device("meta"):
             model = cls(cfg, max_model_len)
         state: dict[str, torch.Tensor] = {}
-        for name, t in tensors.items():
-            state[name.removeprefix("model.")] = t
+        for name in list(tensors):
+            state[name.removeprefix("model.")] = tensors.pop(name)
         for i in range(cfg.num_layers):
             p = f"layers.{i}."
             attn, mlp = p + "self_attn.", p + "mlp."

@@ -171,6 +171,8 @@ def load_gguf(path: Path, reader: Any = None) -> tuple[ModelConfig, dict[str, to
     for t in reader.tensors:
         shape = tuple(int(d) for d in reversed(t.shape))  # GGUF lists dims innermost first
         array = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32).reshape(shape)
+        if not array.flags.writeable or not array.flags.c_contiguous:  # F32 tensors are views of the file
+            array = np.array(array, dtype=np.float32, order="C", copy=True)
         if t.name in _GGUF_NAMES:
             name = _GGUF_NAMES[t.name]
         else:
@@ -183,5 +185,5 @@ def load_gguf(path: Path, reader: Any = None) -> tuple[ModelConfig, dict[str, to
             elif kind == "attn_k":
                 array = unpermute_rotary_rows(array, config.num_kv_heads)
             name = f"model.layers.{layer}.{_GGUF_LAYER_NAMES[kind]}.weight"
-        tensors[name] = torch.from_numpy(np.array(array, dtype=np.float32, order="C", copy=True))
+        tensors[name] = torch.from_numpy(np.ascontiguousarray(array))
     return config, tensors

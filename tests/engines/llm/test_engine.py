@@ -108,6 +108,9 @@ def test_too_long_prompt_is_a_clear_error(tiny: Path) -> None:
     llm = LLM(tiny, max_model_len=64)
     with pytest.raises(ValueError, match=r"prompt has 64 tokens but max_model_len is 64"):
         llm.add_request(list(range(64)))
+    with pytest.raises(ValueError, match=r"prompt has 70 tokens"):
+        llm.generate([[1, 2, 3], list(range(70))])  # all or nothing: the short prompt is not left behind
+    assert not llm.has_unfinished()
     small_pool = LLM(tiny, kv_cache_memory_bytes=4 * _block_bytes(tiny))  # 4 blocks = 64 positions
     with pytest.raises(ValueError, match=r"prompt \(60 tokens\) plus max_tokens \(100\) needs 10 KV blocks"):
         small_pool.add_request(list(range(60)), SamplingParams(max_tokens=100))
