@@ -75,6 +75,7 @@ def test_slow_engine_is_never_evicted_and_memory_stays_bounded(kafka_bootstrap: 
 
     log = op.log()
     assert "Traceback" not in log
+    assert "SIGTERM received" in log
     before_stop = log[: log.index("SIGTERM received")]  # the SIGTERM itself revokes, as it should
     assert not re.search(r"runner: (lost|revoking) ", before_stop), "partitions were taken away mid-run"
     assert "MAXPOLL" not in log and "SESSTMOUT" not in log, "librdkafka reports a missed poll or heartbeat"
