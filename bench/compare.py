@@ -4,7 +4,7 @@
 
 Contenders (each in its own process, bench/compare_child.py):
 
-* **sluice** -- ``sluice run`` in-process (``build_runner``), JSON codec, ``bucket_by: tokens`` for embeddings;
+* **sluice** -- the runner (``build_runner``), JSON codec, ``bucket_by: tokens`` for embeddings;
 * **plain** -- a confluent-kafka poll loop that calls the model once per record;
 * **faust** -- a ``faust-streaming`` agent batching with ``stream.take(max_batch_size, within=max_queue_delay)``;
 * **bytewax** -- a Bytewax dataflow batching with ``collect`` (skipped cleanly when bytewax does not import).
@@ -19,7 +19,10 @@ Workloads: ``embed`` (all-MiniLM-L6-v2, ONNX Runtime CPU, the same engine class 
 
 Writes bench/results/compare.json, compare.md, compare_tuning.md, compare_throughput.png and
 compare_latency.png (bench/compare_report.py). Without --bootstrap (or SLUICE_KAFKA_BOOTSTRAP) a single-node
-broker is started in a temp dir. --quick: fewer records, shorter windows, embed latency only.
+broker is started in a temp dir. --quick (about 3 minutes on 2 cores): fewer records, shorter loads, embed
+latency only, a 2 x 2 tuning sweep; the full run takes about 12 minutes. On a busy machine the contenders
+share the cores with other work: compare.md records the load average, and a rerun on a quiet machine is
+what to quote.
 """
 
 from __future__ import annotations
@@ -45,9 +48,11 @@ from embed_engine import review_texts  # noqa: E402
 from tests.support.kafka import create_topic, unique_topic  # noqa: E402
 
 LOADS = (0.25, 0.5, 0.9)
-# workload -> (max_batch_size, max_queue_delay_ms) of every batching contender's main runs (embed: as in
-# bench/embed.py; the sweep adds other sizes, and the report gives ratios best batch against best batch too).
-DEFAULTS = {"embed": (32, 20), "noop": (512, 5)}
+SETTLE_S = 5  # quiet time between the saturation bursts and the latency runs
+# workload -> (max_batch_size, max_queue_delay_ms) of every batching contender's main runs. Embed: 8, the
+# faster size for Sluice and Faust alike in every quick run on 2 cores (larger batches pad more, and O(length^2)
+# attention grows with them); the sweep adds other sizes, and the report gives best-against-best ratios too.
+DEFAULTS = {"embed": (8, 20), "noop": (512, 5)}
 
 
 @dataclass(frozen=True)
@@ -62,9 +67,9 @@ class Settings:
     tuning_batches: tuple[int, ...]
 
 
-QUICK = Settings({"embed": 200, "noop": 60_000}, 4, ("embed",), 1, (8,),
+QUICK = Settings({"embed": 200, "noop": 60_000}, 4, ("embed",), 1, (32,),
                  ("sluice", "faust"), (5, 50), (8, 32))
-FULL = Settings({"embed": 500, "noop": 200_000}, 6, ("embed", "noop"), 2, (8, 64),
+FULL = Settings({"embed": 500, "noop": 200_000}, 6, ("embed", "noop"), 2, (32, 64),
                 ("sluice", "faust"), (5, 20, 50), (8, 32, 64))
 
 
@@ -84,21 +89,22 @@ def _log(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
-def run_saturation(bootstrap: str, peers: list[str], settings: Settings, texts: list[str]) -> list[dict[str, Any]]:
+def run_saturation(bootstrap: str, workload: str, peers: list[str], settings: Settings,
+                   texts: list[str]) -> list[dict[str, Any]]:
     rows = []
-    for workload, n in settings.num_records.items():
-        default_batch, delay_ms = DEFAULTS[workload]
-        rounds = settings.rounds if workload == "embed" else 1
-        runs = [(peer, 1 if peer == "plain" else default_batch) for _ in range(rounds) for peer in peers]
-        if workload == "embed":
-            runs += [(peer, b) for peer in settings.sweep_peers if peer in peers for b in settings.sweep_batches]
-        for peer, batch in runs:
-            _log(f"saturation: {workload} {peer} batch {batch}")
-            contender = Contender(peer, workload, batch, delay_ms)
-            result = saturation(bootstrap, contender, _topic(bootstrap, f"cmp-{workload}"), _out_topic(bootstrap),
-                                texts, n)
-            rows.append({"workload": workload, "peer": peer, "batch": batch, "delay_ms": delay_ms, **result})
-            _log(f"  {result['records_per_s']:.1f} records/s, {result['cpu_us_per_record']:.0f} CPU µs/record")
+    n = settings.num_records[workload]
+    default_batch, delay_ms = DEFAULTS[workload]
+    rounds = settings.rounds if workload == "embed" else 1
+    runs = [(peer, 1 if peer == "plain" else default_batch) for _ in range(rounds) for peer in peers]
+    if workload == "embed":
+        runs += [(peer, b) for peer in settings.sweep_peers if peer in peers for b in settings.sweep_batches]
+    for peer, batch in runs:
+        _log(f"saturation: {workload} {peer} batch {batch}")
+        contender = Contender(peer, workload, batch, delay_ms)
+        result = saturation(bootstrap, contender, _topic(bootstrap, f"cmp-{workload}"), _out_topic(bootstrap),
+                            texts, n)
+        rows.append({"workload": workload, "peer": peer, "batch": batch, "delay_ms": delay_ms, **result})
+        _log(f"  {result['records_per_s']:.1f} records/s, {result['cpu_us_per_record']:.0f} CPU µs/record")
     best: dict[tuple[str, str, int], dict[str, Any]] = {}  # the best of the rounds (least disturbed by others)
     for row in rows:
         key = (row["workload"], row["peer"], row["batch"])
@@ -134,7 +140,7 @@ def _sluice_max(rows: list[dict[str, Any]], workload: str) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="about 3-5 minutes: fewer records, shorter windows")
+    parser.add_argument("--quick", action="store_true", help="about 3 minutes: fewer records, shorter loads")
     parser.add_argument("--bootstrap", default=os.environ.get("SLUICE_KAFKA_BOOTSTRAP"))
     parser.add_argument("--peers", default="sluice,plain,faust,bytewax")
     args = parser.parse_args()
@@ -154,21 +160,27 @@ def main() -> None:
     texts = review_texts(2000)
     started_s, load_start = time.monotonic(), os.getloadavg()[0]
     with broker(args.bootstrap) as bootstrap:
-        rows = run_saturation(bootstrap, peers, settings, texts)
-        curves = []
-        for workload in settings.latency_workloads:
+        # Workload by workload, saturation then latency: a burst of 10^5 no-op records leaves the broker busy
+        # for a while, which must not land on the embedding latency runs.
+        rows: list[dict[str, Any]] = []
+        curves, tuning = [], []
+        for workload in DEFAULTS:
+            rows += run_saturation(bootstrap, workload, peers, settings, texts)
+            if workload not in settings.latency_workloads:
+                continue
+            time.sleep(SETTLE_S)
             rates = [load * _sluice_max(rows, workload) for load in LOADS]
             for peer in peers:
                 batch, delay_ms = (1, 0) if peer == "plain" else DEFAULTS[workload]
                 curves.append(run_latency(bootstrap, Contender(peer, workload, batch, delay_ms), rates, settings,
                                           texts))
-        tuning_rate = 0.5 * _sluice_max(rows, "embed")
-        tuning = []
-        for delay_ms in settings.tuning_delays_ms:
-            for batch in settings.tuning_batches:
-                curve = run_latency(bootstrap, Contender("sluice", "embed", batch, delay_ms), [tuning_rate],
-                                    settings, texts)
-                tuning.append({"delay_ms": delay_ms, "batch": batch, **curve["loads"][0]})
+            if workload != "embed":
+                continue
+            for delay_ms in settings.tuning_delays_ms:
+                for batch in settings.tuning_batches:
+                    curve = run_latency(bootstrap, Contender("sluice", "embed", batch, delay_ms), rates[1:2],
+                                        settings, texts)
+                    tuning.append({"delay_ms": delay_ms, "batch": batch, **curve["loads"][0]})
     result = {
         "mode": "quick" if args.quick else "full", "settings": asdict(settings), "loads": LOADS,
         "defaults": DEFAULTS, "skipped": skipped, "saturation": rows, "latency": curves, "tuning": tuning,

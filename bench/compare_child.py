@@ -184,5 +184,16 @@ def run_bytewax(spec: dict[str, Any]) -> None:
 
 PEERS = {"sluice": run_sluice, "plain": run_plain, "faust": run_faust, "bytewax": run_bytewax}
 
+def _die_with_parent() -> None:
+    """Linux: SIGKILL this process when the bench that started it dies (no orphaned contenders)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 if __name__ == "__main__":
+    _die_with_parent()
     PEERS[sys.argv[1]](json.loads(sys.argv[2]))
