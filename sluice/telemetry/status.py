@@ -69,6 +69,18 @@ class StatusReporter:
         self.interval_s = 0.0 if self.is_tty else log_interval_s
         self._last: tuple[float, StatsSnapshot] | None = None
         self._width = 0  # length of the line now on the terminal
+        self._handlers: list[logging.Handler] = []
+        if self.is_tty:  # log lines to the same terminal first wipe the status line, which the next tick redraws
+            for handler in logging.getLogger().handlers:
+                if isinstance(handler, logging.StreamHandler) and handler.stream is self.stream:
+                    handler.addFilter(self._clear_line)
+                    self._handlers.append(handler)
+
+    def _clear_line(self, record: logging.LogRecord) -> bool:
+        if self._width:
+            self.stream.write("\r\x1b[K")
+            self._width = 0
+        return True
 
     def tick(self, now_s: float) -> None:
         if self._last is None:
@@ -89,6 +101,9 @@ class StatusReporter:
 
     def close(self) -> None:
         """Leave the terminal on a fresh line."""
+        for handler in self._handlers:
+            handler.removeFilter(self._clear_line)
+        self._handlers.clear()
         if self.is_tty and self._width:
             self.stream.write("\n")
             self.stream.flush()
