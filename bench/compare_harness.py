@@ -147,7 +147,9 @@ def saturation(bootstrap: str, contender: Contender, topic_in: str, topic_out: s
             "cpu_cores": cpu_s / span_s}
 
 
-def _paced(producer: Producer, topic: str, texts: list[str], phase: int, rate: float, count: int) -> None:
+def _paced(producer: Producer, topic: str, texts: list[str], phase: int, rate: float, count: int) -> float:
+    """Sends ``count`` records at ``rate`` records/s; returns the rate reached (lower when this process cannot
+    keep up)."""
     start_s = time.monotonic()
     for i in range(count):
         lag_s = start_s + i / rate - time.monotonic()
@@ -161,7 +163,9 @@ def _paced(producer: Producer, topic: str, texts: list[str], phase: int, rate: f
             except BufferError:
                 producer.poll(0.01)
         producer.poll(0)
+    sent_s = time.monotonic() - start_s
     producer.flush(30)
+    return count / max(sent_s, 1e-6)
 
 
 def _percentiles(values: list[float]) -> dict[str, float]:
@@ -177,6 +181,7 @@ class LoadResult:
     delivered: int
     latency_ms: dict[str, float] = field(default_factory=dict)  # p50, p99, max (empty when overloaded)
     overloaded: bool = False
+    achieved_rate: float = 0.0  # what the paced producer really sent, records/s
 
 
 def latency(bootstrap: str, contender: Contender, topic_in: str, topic_out: str, texts: list[str],
@@ -199,15 +204,15 @@ def latency(bootstrap: str, contender: Contender, topic_in: str, topic_out: str,
         seen = len(reader.rows)
         for phase, rate in enumerate(rates):
             count = max(20, int(rate * duration_s))
-            _paced(producer, topic_in, texts, phase, rate, count)
+            achieved = _paced(producer, topic_in, texts, phase, rate, count)
             arrived = reader.wait_for(seen + count, drain_s, child)
             docs = [(ts, json.loads(value)) for ts, value in reader.rows[seen:]]
             lat = [ts - doc["sent_ms"] for ts, doc in docs if doc.get("phase") == phase]
             seen = len(reader.rows)
             if not arrived:
-                results.append(LoadResult(rate, count, len(lat), overloaded=True))
+                results.append(LoadResult(rate, count, len(lat), overloaded=True, achieved_rate=achieved))
                 break
-            results.append(LoadResult(rate, count, len(lat), _percentiles(lat)))
+            results.append(LoadResult(rate, count, len(lat), _percentiles(lat), achieved_rate=achieved))
             time.sleep(0.5)
     except RuntimeError as error:
         raise RuntimeError(f"{error}\n{child.stderr_tail()}") from None

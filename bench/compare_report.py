@@ -49,9 +49,11 @@ def _fmt_ms(loads: list[dict[str, Any]], index: int) -> str:
     if index >= len(loads):
         return "–"
     load = loads[index]
+    short = " (offered only {:.0f}/s)".format(load["achieved_rate"]) \
+        if 0 < load.get("achieved_rate", 0) < 0.95 * load["rate"] else ""  # the paced producer fell behind
     if load["overloaded"]:
-        return f"overloaded ({load['delivered']}/{load['offered']} out)"
-    return f"{load['latency_ms']['p50']:.0f} / {load['latency_ms']['p99']:.0f}"
+        return f"overloaded ({load['delivered']}/{load['offered']} out){short}"
+    return f"{load['latency_ms']['p50']:.0f} / {load['latency_ms']['p99']:.0f}{short}"
 
 
 def markdown(result: dict[str, Any]) -> str:

@@ -75,8 +75,13 @@ def test_tuning_picks_the_most_throughput_that_meets_each_target() -> None:
     assert "| 100 ms | none measured meets it | – |" in compare_report.tuning_markdown(tight)
 
 
-def test_report_marks_overload_and_unmet_targets_and_writes_plots(tmp_path: Path) -> None:
-    text = compare_report.write_report(_result(sluice_wait_p99=40.0), tmp_path)
+def test_report_marks_overload_unmet_targets_and_a_producer_that_fell_behind(tmp_path: Path) -> None:
+    result = _result(sluice_wait_p99=40.0)
+    result["latency"][1]["loads"][0]["achieved_rate"] = 10.0  # asked 25/s
+    result["latency"][0]["loads"][0]["achieved_rate"] = 24.9  # close enough: no note
+    text = compare_report.write_report(result, tmp_path)
+    assert "30 / 90 (offered only 10/s)" in text
+    assert text.count("offered only") == 1
     assert "overloaded (40/100 out)" in text
     assert "target ≥ 1.3x: met" in text  # 1.25x at the default batch, 1.33x best against best
     assert "limit max_queue_delay_ms + 5 = 25 ms: NOT met" in text
