@@ -4,7 +4,8 @@
 
 PEER is ``sluice``, ``plain``, ``faust`` or ``bytewax``. SPEC_JSON holds ``bootstrap``, ``topic_in``,
 ``topic_out``, ``group``, ``workload`` (``embed`` or ``noop``), ``batch``, ``delay_ms``, ``threads``, and
-optionally ``bucket_by`` (Sluice's batching order for embed; default ``tokens``).
+``scratch_dir`` (Faust's data dir; the parent removes it), and optionally ``bucket_by`` (Sluice's batching
+order for embed; default ``tokens``).
 
 Every contender reads ``topic_in`` from the earliest offset, calls the same model (:func:`make_model`: the
 ONNX MiniLM engine with the same options, or the no-op function) and writes the input JSON object plus the
@@ -18,7 +19,6 @@ from __future__ import annotations
 import json
 import signal
 import sys
-import tempfile
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from pathlib import Path
@@ -134,7 +134,7 @@ def run_faust(spec: dict[str, Any]) -> None:
     logging.getLogger("aiokafka").setLevel(logging.ERROR)
     model, field = make_model(spec["workload"], spec["threads"])
     app = faust.App(spec["group"], broker=f"kafka://{spec['bootstrap']}", value_serializer="raw",
-                    web_enabled=False, datadir=tempfile.mkdtemp(prefix="faust-"), topic_partitions=3,
+                    web_enabled=False, datadir=spec["scratch_dir"], topic_partitions=3,
                     topic_replication_factor=1, consumer_auto_offset_reset="earliest")
     source = app.topic(spec["topic_in"], value_serializer="raw")
     sink = app.topic(spec["topic_out"], value_serializer="raw")

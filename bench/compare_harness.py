@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -46,9 +47,10 @@ class Child:
     """A contender process; its stderr goes to a temp file, shown when it fails."""
 
     def __init__(self, contender: Contender, bootstrap: str, topic_in: str, topic_out: str) -> None:
+        self.scratch_dir = tempfile.mkdtemp(prefix=f"compare-{contender.peer}-")
         spec = {"bootstrap": bootstrap, "topic_in": topic_in, "topic_out": topic_out, "group": unique_topic("cmp"),
                 "workload": contender.workload, "batch": contender.batch, "delay_ms": contender.delay_ms,
-                "threads": contender.threads}
+                "threads": contender.threads, "scratch_dir": self.scratch_dir}
         self.log = tempfile.NamedTemporaryFile(prefix=f"compare-{contender.peer}-", suffix=".log", delete=False)
         self.proc = subprocess.Popen([sys.executable, str(CHILD), contender.peer, json.dumps(spec)],
                                      stdout=subprocess.PIPE, stderr=self.log, cwd=CHILD.parents[1])
@@ -75,6 +77,7 @@ class Child:
             out, _ = self.proc.communicate()
         lines = [line for line in out.decode().splitlines() if line.startswith("{")]
         os.unlink(self.log.name)
+        shutil.rmtree(self.scratch_dir, ignore_errors=True)
         return json.loads(lines[-1]) if lines else {}
 
 
