@@ -16,16 +16,17 @@ from __future__ import annotations
 import os
 import re
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
 from confluent_kafka import Producer
 
 from sluice.operator.runner import _POLL_BATCH
-from tests.reliability.ledger import Progress
+from tests.reliability.ledger import Progress, sequenced
 from tests.reliability.operators import Operator, wait_until
 from tests.reliability.pipelines import make_topics, write_pipeline
-from tests.support.kafka import unique_topic
+from tests.support.kafka import consume_all, produce, unique_topic
 
 pytestmark = [pytest.mark.kafka, pytest.mark.reliability]
 
@@ -89,3 +90,28 @@ def test_slow_engine_is_never_evicted_and_memory_stays_bounded(kafka_bootstrap: 
           f"{max(in_flight)}, RSS start {rss_samples[0] / 2**20:.0f} MB, end {rss_samples[-1] / 2**20:.0f} MB, "
           f"peak {peak_rss / 2**20:.0f} MB (bound {PEAK_RSS_BOUND_BYTES / 2**20:.0f} MB)")
     assert peak_rss < PEAK_RSS_BOUND_BYTES
+
+
+def test_backpressure_starves_no_partition(kafka_bootstrap: str, tmp_path: Path,
+                                           record_property: pytest.RecordProperty) -> None:
+    """With a small in-flight window, every input partition keeps moving: pausing at max_in_flight must not
+    hand the whole window to whichever partition the fetcher returns first, time after time."""
+    topics = make_topics(kafka_bootstrap, partitions=3)
+    t_in, t_out, _ = topics
+    produce(kafka_bootstrap, t_in, sequenced(9000))  # about 3,000 per partition
+    pipeline = write_pipeline(tmp_path / "p.yaml", kafka_bootstrap, topics, unique_topic("g"),
+                              batching={"max_batch_size": 50, "max_queue_delay_ms": 5},
+                              runtime={"max_in_flight": 500, "commit_interval_ms": 100, "drain_timeout_s": 5})
+    op = Operator(pipeline, tmp_path / "fair.log", env={"RELIABILITY_BATCH_MS": "10"})
+    progress = Progress(kafka_bootstrap, t_out)
+    try:
+        wait_until(lambda: progress.count() >= 3000, 120, "a third of the input to come out", (op,))
+        assert op.terminate() == 0, op.log()[-3000:]
+    finally:
+        progress.close()
+        op.close()
+    per_partition = Counter(int(dict(r.headers)["sluice.source.partition"] or b"-1")
+                            for r in consume_all(kafka_bootstrap, t_out))
+    record_property("outputs_per_input_partition", dict(per_partition))
+    print(f"\nbackpressure fairness: outputs per input partition after a third of the stream: {dict(per_partition)}")
+    assert all(per_partition[p] >= 300 for p in range(3)), f"a partition starved: {dict(per_partition)}"
