@@ -71,12 +71,15 @@ class KafkaSource:
         self.assignment: set[TopicPartition] = set()
         self._tps: dict[tuple[str, int], TopicPartition] = {}  # one object per partition, not per record
         self._lag: dict[TopicPartition, int] = {}
+        self._next_offset: dict[TopicPartition, int] = {}  # per assigned partition: the next offset to expect
+        self.num_redelivered_dropped = 0
 
     def subscribe(self, on_assign: PartitionsCallback, on_revoke: PartitionsCallback,
                   on_lost: PartitionsCallback) -> None:
         def assigned(_: Consumer, parts: list[KafkaTopicPartition]) -> None:
             tps = [TopicPartition(p.topic, p.partition) for p in parts]
             self.assignment.update(tps)
+            self._forget_positions(tps)
             on_assign(tps)
 
         def revoked(_: Consumer, parts: list[KafkaTopicPartition]) -> None:
@@ -84,12 +87,14 @@ class KafkaSource:
             on_revoke(tps)
             self.assignment.difference_update(tps)
             self._paused.difference_update(tps)
+            self._forget_positions(tps)
 
         def lost(_: Consumer, parts: list[KafkaTopicPartition]) -> None:
             tps = [TopicPartition(p.topic, p.partition) for p in parts]
             on_lost(tps)
             self.assignment.difference_update(tps)
             self._paused.difference_update(tps)
+            self._forget_positions(tps)
 
         self._consumer.subscribe(list(self.cfg.topics), on_assign=assigned, on_revoke=revoked, on_lost=lost)
 
@@ -101,13 +106,30 @@ class KafkaSource:
             messages = [one] if one is not None else []
         now = self._clock()
         records = []
+        expected = self._next_offset
         for m in messages:
             err = m.error()
             if err is not None:
                 self._on_error(err)
                 continue
-            records.append(self._to_record(m, now))
+            record = self._to_record(m, now)
+            next_offset = expected.get(record.tp)
+            if next_offset is not None and record.offset < next_offset:
+                self._redelivered(record)
+                continue
+            expected[record.tp] = record.offset + 1
+            records.append(record)
         return records
+
+    def _redelivered(self, record: InputRecord) -> None:
+        """librdkafka handed out an offset it already delivered in this assignment, with no seek of ours
+        (seen after pause/resume on a partition with no committed offset): the record is already tracked,
+        so taking it again would process it twice. Dropped, and counted."""
+        if self.num_redelivered_dropped == 0 or self.num_redelivered_dropped % 1000 == 0:
+            log.warning("the consumer delivered %s[%d]@%d again without a seek; dropping the repeat "
+                        "(%d so far)", record.tp.topic, record.tp.partition, record.offset,
+                        self.num_redelivered_dropped + 1)
+        self.num_redelivered_dropped += 1
 
     def _to_record(self, m: Message, now: float) -> InputRecord:
         name = (cast(str, m.topic()), cast(int, m.partition()))
@@ -145,6 +167,10 @@ class KafkaSource:
             if err.args[0].code() != KafkaError._NO_OFFSET:
                 log.warning("offset commit failed: %s", err.args[0].str())
 
+    def _forget_positions(self, tps: Iterable[TopicPartition]) -> None:
+        for tp in tps:
+            self._next_offset.pop(tp, None)
+
     def lag(self) -> dict[TopicPartition, int]:
         """Consumer lag (records) per assigned partition, as of librdkafka's last statistics."""
         return {tp: lag for tp, lag in self._lag.items() if tp in self.assignment}
@@ -168,9 +194,11 @@ class KafkaSource:
     def rewind(self, tps: Iterable[TopicPartition]) -> None:
         """Seek ``tps`` back to their committed offsets (or to auto.offset.reset where none is committed):
         after an aborted transaction, everything since the last commit is read and processed again."""
+        tps = list(tps)
         parts = [KafkaTopicPartition(tp.topic, tp.partition) for tp in tps]
         if not parts:
             return
+        self._forget_positions(tps)
         reset = OFFSET_BEGINNING if self.cfg.auto_offset_reset == "earliest" else OFFSET_END
         for part in self._consumer.committed(parts, timeout=30):
             part.offset = part.offset if part.offset >= 0 else reset

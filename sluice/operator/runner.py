@@ -134,6 +134,8 @@ class Runner:
             while not self._stop.is_set() and self.emitter.fatal is None and self.worker.error is None:
                 self._backpressure()
                 limit = _POLL_BATCH if self.max_records is None else min(_POLL_BATCH, self.max_records - self.summary.num_in)
+                # never poll past the in-flight bound (a poll of up to _POLL_BATCH would overshoot it)
+                limit = min(limit, max(1, self._max_in_flight - self.state.tracker.num_in_flight))
                 records = self.source.poll(limit, _POLL_TIMEOUT_S) if limit > 0 else []
                 now = self.clock()
                 if records:
