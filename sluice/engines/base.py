@@ -37,6 +37,12 @@ class EngineStartError(EngineError):
     """
 
 
+def first_line(err: BaseException) -> str:
+    """The first line of an exception's message (libraries' messages can run to pages), or its class name."""
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
 class RecordError(EngineError):
     """One input cannot be handled (too long, wrong type...). The record goes to the dead-letter topic.
 

@@ -24,16 +24,16 @@ import numpy as np
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from sluice.engines import onnx_providers
-from sluice.engines.base import BatchEngine, EngineContext, EngineStartError
+from sluice.engines.base import BatchEngine, EngineContext, EngineStartError, first_line
 from sluice.engines.raw_task import RawTask
 from sluice.engines.registry import EngineType
 from sluice.engines.text_embedding import (
     TextEmbeddingTask,
     TokenizedText,
-    check_pooling_config,
     format_vectors,
     item_length,
     l2_normalize,
+    load_task,
     mean_pool,
     pad_batch,
 )
@@ -108,7 +108,7 @@ class OnnxEngine(BatchEngine):
                                                max_length=self.options.max_length,
                                                token_inputs=self.options.task == "text-embedding"))
         except Exception as err:  # onnxruntime raises its own exception types for bad files
-            raise EngineStartError(f"cannot load ONNX model {model_file}: {_first_line(err)}") from None
+            raise EngineStartError(f"cannot load ONNX model {model_file}: {first_line(err)}") from None
         self.providers_used = list(session.get_providers())
         onnx_providers.warn_uninitialised(providers, self.providers_used)
         self._session = session
@@ -196,17 +196,7 @@ class OnnxEngine(BatchEngine):
         else:
             raise EngineStartError(f"model {model_file.name} has outputs {list(outputs)}; the text-embedding task "
                                    f"needs one of {list(_TOKEN_OUTPUTS + _POOLED_OUTPUTS)}")
-        try:
-            check_pooling_config(model_file.parent)
-        except (ValueError, OSError) as err:
-            raise EngineStartError(_first_line(err)) from None
-        tokenizer_path = model_file.parent / "tokenizer.json"
-        if not tokenizer_path.is_file():
-            raise EngineStartError(f"no tokenizer.json next to {model_file}; the text-embedding task needs it")
-        try:
-            self._embedding = TextEmbeddingTask(tokenizer_path, self.options.max_length)
-        except Exception as err:  # tokenizers raises plain Exceptions for unreadable files
-            raise EngineStartError(f"cannot load {tokenizer_path}: {_first_line(err)}") from None
+        self._embedding = load_task(model_file.parent, self.options.max_length)
 
     def _warm_up(self) -> None:
         """Run the model once at batch 1 and once at the largest batch, so the first records pay no setup."""
@@ -218,12 +208,7 @@ class OnnxEngine(BatchEngine):
             elif self._raw is not None:
                 self._raw.warm_up(self._run)
         except Exception as err:
-            raise EngineStartError(f"warm-up run of the model failed: {_first_line(err)}") from None
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__
+            raise EngineStartError(f"warm-up run of the model failed: {first_line(err)}") from None
 
 
 def _make(options: OnnxOptions, context: EngineContext) -> OnnxEngine:

@@ -30,15 +30,15 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from sluice.engines import tensorrt_plan, torch_device
-from sluice.engines.base import BatchEngine, EngineContext, EngineStartError
+from sluice.engines.base import BatchEngine, EngineContext, EngineStartError, first_line
 from sluice.engines.registry import EngineType
 from sluice.engines.tensorrt_build import BuildRequest, LoadedEngine, load_or_build
 from sluice.engines.text_embedding import (
     TextEmbeddingTask,
-    check_pooling_config,
     format_vectors,
     item_length,
     l2_normalize,
+    load_task,
     pad_batch,
 )
 
@@ -100,7 +100,7 @@ class TensorrtEngine(BatchEngine):
         try:
             import tensorrt as trt
         except (ImportError, OSError) as err:  # a wheel for another CUDA major, a missing libnvinfer...
-            raise EngineStartError(f"engine tensorrt: cannot import tensorrt: {_first_line(err)}") from None
+            raise EngineStartError(f"engine tensorrt: cannot import tensorrt: {first_line(err)}") from None
         self._torch = torch
         self.device = torch_device.resolve_device(torch, self.options.device, "tensorrt")
         torch.cuda.set_device(self.device)  # one process serves one model on one device
@@ -199,17 +199,7 @@ class TensorrtEngine(BatchEngine):
             raise EngineStartError(str(err)) from None
 
     def _start_tokenizer(self, model_file: Path) -> None:
-        try:
-            check_pooling_config(model_file.parent)
-        except (ValueError, OSError) as err:
-            raise EngineStartError(_first_line(err)) from None
-        tokenizer_path = model_file.parent / "tokenizer.json"
-        if not tokenizer_path.is_file():
-            raise EngineStartError(f"no tokenizer.json next to {model_file}; the text-embedding task needs it")
-        try:
-            self._embedding = TextEmbeddingTask(tokenizer_path, self.options.max_length)
-        except Exception as err:  # tokenizers raises plain Exceptions for unreadable files
-            raise EngineStartError(f"cannot load {tokenizer_path}: {_first_line(err)}") from None
+        self._embedding = load_task(model_file.parent, self.options.max_length)
 
     def _cache_dir(self) -> Path:
         if self.options.engine_cache_dir is None:
@@ -226,7 +216,7 @@ class TensorrtEngine(BatchEngine):
             for size in sorted({1, num_large}):
                 self.infer(self._embedding.tokenize(["warm-up run"] * size))
         except Exception as err:
-            raise EngineStartError(f"engine tensorrt: warm-up run failed: {_first_line(err)}") from None
+            raise EngineStartError(f"engine tensorrt: warm-up run failed: {first_line(err)}") from None
 
 
 def _gpu_visible(has_torch: bool) -> bool:
@@ -250,11 +240,6 @@ def _torch_dtype(trt: Any, torch: Any, trt_dtype: Any) -> Any:
         if getattr(trt.DataType, name, None) == trt_dtype:
             return dtype
     raise EngineStartError(f"engine tensorrt: tensor type {trt_dtype} is not supported by this engine")
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__
 
 
 def _make(options: TensorrtOptions, context: EngineContext) -> TensorrtEngine:

@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from sluice.engines.base import RecordError
+from sluice.engines.base import EngineStartError, RecordError, first_line
 
 OutputFormat = Literal["list", "base64"]
 
@@ -159,3 +159,19 @@ def as_text(value: Any) -> str:
 def item_length(item: Any) -> int:
     """An engine's ``item_length``: tokens for a tokenised text, 1 for anything else (raw task items)."""
     return item.num_tokens if isinstance(item, TokenizedText) else 1
+
+
+def load_task(model_dir: Path, max_length: int) -> TextEmbeddingTask:
+    """The text-embedding task for the model in ``model_dir``: its pooling must be mean pooling and its
+    ``tokenizer.json`` must load. Raises EngineStartError with one line otherwise."""
+    try:
+        check_pooling_config(model_dir)
+    except (ValueError, OSError) as err:
+        raise EngineStartError(first_line(err)) from None
+    tokenizer_path = model_dir / "tokenizer.json"
+    if not tokenizer_path.is_file():
+        raise EngineStartError(f"no tokenizer.json in {model_dir}; the text-embedding task needs it")
+    try:
+        return TextEmbeddingTask(tokenizer_path, max_length)
+    except Exception as err:  # tokenizers raises plain Exceptions for unreadable files
+        raise EngineStartError(f"cannot load {tokenizer_path}: {first_line(err)}") from None

@@ -34,16 +34,16 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from sluice.engines import torch_device, torch_models
-from sluice.engines.base import BatchEngine, EngineContext, EngineStartError
+from sluice.engines.base import BatchEngine, EngineContext, EngineStartError, first_line
 from sluice.engines.raw_task import RawTask
 from sluice.engines.registry import EngineType
 from sluice.engines.text_embedding import (
     TextEmbeddingTask,
     TokenizedText,
-    check_pooling_config,
     format_vectors,
     item_length,
     l2_normalize,
+    load_task,
     pad_batch,
 )
 
@@ -212,19 +212,8 @@ class TorchEngine(BatchEngine):
         if not model_dir.is_dir():
             raise EngineStartError(f"engine torch: 'model' must be a known model name or a Hugging Face model "
                                    f"directory; {model_dir} is a file")
-        try:
-            check_pooling_config(model_dir)
-        except (ValueError, OSError) as err:
-            raise EngineStartError(torch_models.first_line(err)) from None
-        tokenizer_path = model_dir / "tokenizer.json"
-        if not tokenizer_path.is_file():
-            raise EngineStartError(f"no tokenizer.json in {model_dir}; the text-embedding task needs it")
-        module = torch_models.load_hf_encoder(model_dir)
-        try:
-            self._embedding = TextEmbeddingTask(tokenizer_path, self.options.max_length)
-        except Exception as err:  # tokenizers raises plain Exceptions for unreadable files
-            raise EngineStartError(f"cannot load {tokenizer_path}: {torch_models.first_line(err)}") from None
-        return module
+        self._embedding = load_task(model_dir, self.options.max_length)
+        return torch_models.load_hf_encoder(model_dir)
 
     def _path(self, name_or_path: str) -> Path:
         from sluice.models import ModelError, resolve_model
@@ -246,7 +235,7 @@ class TorchEngine(BatchEngine):
                     self._raw.warm_up(self._run_raw)
         except Exception as err:
             raise EngineStartError(f"engine torch: warm-up run of the model failed: "
-                                   f"{torch_models.first_line(err)}") from None
+                                   f"{first_line(err)}") from None
 
 
 def _raw_task(options: TorchOptions) -> RawTask:

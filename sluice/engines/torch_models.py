@@ -11,7 +11,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from sluice.engines.base import EngineStartError
+from sluice.engines.base import EngineStartError, first_line
 
 _ENGINE = "engine torch"
 
@@ -93,8 +93,3 @@ def load_exported(path: Path, device: Any) -> Any:
 def _must_exist(path: Path) -> None:
     if not path.is_file():
         raise EngineStartError(f"{_ENGINE}: model file {path} does not exist")
-
-
-def first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__
