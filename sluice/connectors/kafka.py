@@ -210,14 +210,15 @@ class KafkaSource:
             self._consumer.pause([KafkaTopicPartition(tp.topic, tp.partition) for tp in tps])
             self._paused.update(tps)
 
-    def resume_all(self) -> None:
-        if self._paused:
-            self._consumer.resume([KafkaTopicPartition(tp.topic, tp.partition) for tp in self._paused])
-            self._paused.clear()
+    def resume(self, tps: Iterable[TopicPartition]) -> None:
+        tps = [tp for tp in tps if tp in self._paused]
+        if tps:
+            self._consumer.resume([KafkaTopicPartition(tp.topic, tp.partition) for tp in tps])
+            self._paused.difference_update(tps)
 
     @property
-    def paused(self) -> bool:
-        return bool(self._paused)
+    def paused_partitions(self) -> set[TopicPartition]:
+        return self._paused
 
     def close(self) -> None:
         self._consumer.close()

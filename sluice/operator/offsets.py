@@ -41,6 +41,11 @@ class OffsetTracker:
         """Records polled whose outputs are not all delivered yet (the backpressure measure)."""
         return self._num_outstanding
 
+    def num_in_flight_of(self, tp: TopicPartition) -> int:
+        """Records of ``tp`` polled and not done yet."""
+        state = self._parts.get(tp)
+        return 0 if state is None else len(state.outstanding)
+
     def track(self, tp: TopicPartition, offset: int) -> None:
         state = self._parts.get(tp)
         if state is None:

@@ -53,10 +53,10 @@ class Source(Protocol):
     def store(self, watermarks: dict[TopicPartition, int]) -> None: ...
     def commit(self, watermarks: dict[TopicPartition, int]) -> None: ...
     def pause(self, tps: Any) -> None: ...
+    def resume(self, tps: Any) -> None: ...
     def lag(self) -> dict[TopicPartition, int]: ...
-    def resume_all(self) -> None: ...
     @property
-    def paused(self) -> bool: ...
+    def paused_partitions(self) -> set[TopicPartition]: ...
     def close(self) -> None: ...
 
 
@@ -216,18 +216,40 @@ class Runner:
     # ----------------------------------------------------------------------------- flow and rebalances
 
     def _backpressure(self) -> None:
-        in_flight = self.state.tracker.num_in_flight
-        if in_flight >= self._max_in_flight and not self.source.paused:
-            self.source.pause(self.source.assignment)
-            log.debug("paused: %d records in flight", in_flight)
-        elif self.source.paused and in_flight <= self._resume_below:
-            self.source.resume_all()
-            log.debug("resumed: %d records in flight", in_flight)
+        """Pause the partitions over their share of ``max_in_flight``; resume those with room again.
+
+        Each assigned partition may hold up to its share (``max_in_flight`` / partitions) of records in flight,
+        and all of them together ``max_in_flight``. Pausing only the partitions over their share matters:
+        librdkafka hands out each fetch partition by partition, so with all partitions paused and resumed
+        together the one served first in every fetch crowds the others out (seen: a partition that got no
+        record at all). A paused partition keeps being polled for (so the group never evicts it) and resumes
+        below half its share, once the total is below the low mark.
+        """
+        tracker, source = self.state.tracker, self.source
+        total, paused = tracker.num_in_flight, source.paused_partitions
+        if not source.assignment or (not paused and total < self._max_in_flight // len(source.assignment)):
+            return  # nothing can be over its share: the common case costs two lookups
+        share = max(1, self._max_in_flight // len(source.assignment))
+        over_total = total >= self._max_in_flight
+        to_pause, to_resume = [], []
+        for tp in source.assignment:
+            num = tracker.num_in_flight_of(tp)
+            if tp in paused:
+                if not over_total and num <= share // 2 and total <= self._resume_below:
+                    to_resume.append(tp)
+            elif over_total or num >= share:
+                to_pause.append(tp)
+        if to_pause:
+            source.pause(to_pause)
+            log.debug("paused %s: %d records in flight", _names(to_pause), total)
+        if to_resume:
+            source.resume(to_resume)
+            log.debug("resumed %s: %d records in flight", _names(to_resume), total)
 
     def _on_assign(self, tps: list[TopicPartition]) -> None:
         log.info("assigned %s", _names(tps))
         self.observer.assigned(tps)
-        if self.source.paused:  # a rebalance must not undo backpressure
+        if self.state.tracker.num_in_flight >= self._max_in_flight:  # a rebalance must not undo backpressure
             self.source.pause(tps)
 
     def _on_revoke(self, tps: list[TopicPartition]) -> None:
