@@ -83,6 +83,7 @@ class Emitter:
     def settle(self, batch: list[Pending], outcomes: list[object]) -> None:
         """Engine thread: encode each result and produce it (or its dead-letter record)."""
         codec, topic, limit = self.codec, self.out_topic, self.max_output_bytes
+        injects_headers = self.observer.injects_headers
         outputs: list[Output] = []
         records: list[InputRecord] = []
         failed: list[Failure] = []
@@ -98,7 +99,7 @@ class Emitter:
                 failed.append((r, err.stage, err))
                 continue
             headers = source_headers(r)
-            if self.observer.injects_headers:
+            if injects_headers:
                 headers += self.observer.output_headers(r, None)
             if len(value) > limit - 4096 and (size := _size(value, key, headers)) > limit:
                 failed.append((r, "produce", OversizedResult(

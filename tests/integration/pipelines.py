@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_sluice(*args: str, timeout_s: float = 600) -> subprocess.CompletedProcess[str]:
+    """``sluice ARGS`` as a user runs it (from the repository root), output captured."""
+    return subprocess.run([sys.executable, "-m", "sluice.cli", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout_s)
 
 
 def write_pipeline(path: Path, bootstrap: str, topic_in: str, topic_out: str, group: str, *,

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import random
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -15,9 +13,9 @@ import yaml
 from sluice.engines.base import EngineContext
 from sluice.engines.onnx import OnnxEngine, OnnxOptions
 from sluice.models import fetch
+from tests.integration.pipelines import run_sluice
 from tests.support.kafka import consume_all, create_topic, produce, unique_topic
 
-ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.kafka
 
 WORDS = ("battery screen price delivery quality great terrible okay love hate broke works fast slow "
@@ -54,8 +52,7 @@ def test_2000_reviews_become_2000_unit_embeddings_aligned_with_their_text(kafka_
         "sink": {"kafka": {"topic": t_out}, "output": {"field": "embedding"}},
         "dead_letter": {"topic": t_dlq},
     }))
-    proc = subprocess.run([sys.executable, "-m", "sluice.cli", "run", str(pipeline), "--idle-exit", "5"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    proc = run_sluice("run", str(pipeline), "--idle-exit", "5")
     assert proc.returncode == 0, proc.stderr[-3000:]
 
     out = consume_all(kafka_bootstrap, t_out, expected_count=n, timeout_s=60)

@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from sluice.models import fetch
+from tests.integration.pipelines import ROOT, run_sluice
 from tests.support.kafka import (
     committed_offsets,
     consume_all,
@@ -22,7 +23,6 @@ from tests.support.kafka import (
     unique_topic,
 )
 
-ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.kafka
 
 REVIEWS = ["Arrived quickly and works exactly as described.", "The battery died after two days.",
@@ -61,11 +61,6 @@ def topics(bootstrap: str) -> tuple[str, str, str]:
     return names
 
 
-def run(path: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "sluice.cli", "run", str(path), *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=600)
-
-
 def test_200_reviews_get_labels_and_unfit_prompts_are_dead_lettered(kafka_bootstrap: str, tmp_path: Path,
                                                                     smollm: Path) -> None:
     t_in, t_out, t_dlq = topics(kafka_bootstrap)
@@ -73,7 +68,8 @@ def test_200_reviews_get_labels_and_unfit_prompts_are_dead_lettered(kafka_bootst
     too_long = [(f"long{i}", json.dumps({"id": 1000 + i, "text": "very long review " * 120})) for i in range(3)]
     produce(kafka_bootstrap, t_in, records[:100] + too_long + records[100:])
     group = unique_topic("g")
-    proc = run(pipeline(tmp_path / "p.yaml", kafka_bootstrap, t_in, t_out, t_dlq, group), "--idle-exit", "8")
+    path = pipeline(tmp_path / "p.yaml", kafka_bootstrap, t_in, t_out, t_dlq, group)
+    proc = run_sluice("run", str(path), "--idle-exit", "8")
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = consume_all(kafka_bootstrap, t_out, expected_count=200, timeout_s=60)
     labels = {json.loads(r.value)["id"]: json.loads(r.value)["label"] for r in out}
@@ -102,7 +98,7 @@ def test_answers_that_are_not_the_json_asked_for_are_dead_lettered_with_the_answ
     path = pipeline(tmp_path / "p.yaml", kafka_bootstrap, t_in, t_out, t_dlq, unique_topic("g"),
                     parse="json", json_schema=schema, overrides={"max_tokens": "max_len"},
                     system_prompt='Reply with JSON only, like {"label": "positive"}.', user_template="{text}")
-    proc = run(path, "--idle-exit", "8")
+    proc = run_sluice("run", str(path), "--idle-exit", "8")
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = consume_all(kafka_bootstrap, t_out)
     dlq = consume_all(kafka_bootstrap, t_dlq, expected_count=5)
@@ -147,7 +143,7 @@ def test_sigterm_mid_generation_commits_only_finished_records(kafka_bootstrap: s
         if rec.offset < committed.get(rec.partition, 0):
             assert json.loads(rec.value)["id"] in done
 
-    proc2 = run(path, "--idle-exit", "8")
+    proc2 = run_sluice("run", str(path), "--idle-exit", "8")
     assert proc2.returncode == 0, proc2.stderr[-3000:]
     ids = {json.loads(r.value)["id"] for r in consume_all(kafka_bootstrap, t_out, expected_count=n)}
     assert ids == set(range(n))

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.pipelines import write_pipeline
+from tests.integration.pipelines import ROOT, run_sluice, write_pipeline
 from tests.support.kafka import (
     ConsumedRecord,
     committed_offsets,
@@ -23,13 +23,7 @@ from tests.support.kafka import (
     unique_topic,
 )
 
-ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.kafka
-
-
-def sluice(*args: str, timeout_s: float = 180) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "sluice.cli", *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=timeout_s)
 
 
 def headers_of(record: ConsumedRecord) -> dict[str, str]:
@@ -52,7 +46,7 @@ def test_10k_records_flow_with_keys_order_and_commits(kafka_bootstrap: str, tmp_
     group = unique_topic("g")
     pipeline = write_pipeline(tmp_path / "p.yaml", kafka_bootstrap, t_in, t_out, group, dlq=t_dlq)
 
-    proc = sluice("run", str(pipeline), "--idle-exit", "3")
+    proc = run_sluice("run", str(pipeline), "--idle-exit", "3")
     assert proc.returncode == 0, proc.stderr[-3000:]
 
     out = consume_all(kafka_bootstrap, t_out, expected_count=n)
@@ -92,7 +86,7 @@ def test_malformed_records_go_to_the_dead_letter_topic_and_the_rest_flow(kafka_b
     group = unique_topic("g")
     pipeline = write_pipeline(tmp_path / "p.yaml", kafka_bootstrap, t_in, t_out, group, dlq=t_dlq)
 
-    proc = sluice("run", str(pipeline), "--idle-exit", "3")
+    proc = run_sluice("run", str(pipeline), "--idle-exit", "3")
     assert proc.returncode == 0, proc.stderr[-3000:]
 
     out = consume_all(kafka_bootstrap, t_out, expected_count=50)
@@ -123,7 +117,7 @@ def test_engine_failures_are_isolated_by_bisecting(kafka_bootstrap: str, tmp_pat
     pipeline = write_pipeline(tmp_path / "p.yaml", kafka_bootstrap, t_in, t_out, unique_topic("g"), dlq=t_dlq,
                               function="tests.integration.funcs:fail_on_poison",
                               batching={"max_batch_size": 64, "max_queue_delay_ms": 50})
-    proc = sluice("run", str(pipeline), "--idle-exit", "3")
+    proc = run_sluice("run", str(pipeline), "--idle-exit", "3")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert len(consume_all(kafka_bootstrap, t_out, expected_count=197)) == 197
     dlq = consume_all(kafka_bootstrap, t_dlq, expected_count=3)
@@ -140,7 +134,7 @@ def test_without_a_dead_letter_topic_a_bad_record_stops_the_operator_uncommitted
     produce(kafka_bootstrap, t_in, records)
     group = unique_topic("g")
     pipeline = write_pipeline(tmp_path / "p.yaml", kafka_bootstrap, t_in, t_out, group)
-    proc = sluice("run", str(pipeline), "--idle-exit", "3")
+    proc = run_sluice("run", str(pipeline), "--idle-exit", "3")
     assert proc.returncode == 1
     assert "Traceback" not in proc.stderr
     assert "@12 failed at decode" in proc.stderr and "dead_letter" in proc.stderr
@@ -178,7 +172,7 @@ def test_sigterm_mid_stream_then_restart_loses_nothing(kafka_bootstrap: str, tmp
     # the drain finished what was in flight and committed exactly what it produced
     assert sum(committed.values()) == len(first_run) < n
 
-    proc2 = sluice("run", str(pipeline), "--idle-exit", "3")
+    proc2 = run_sluice("run", str(pipeline), "--idle-exit", "3")
     assert proc2.returncode == 0, proc2.stderr[-3000:]
     out = consume_all(kafka_bootstrap, t_out, expected_count=n)
     seqs = [json.loads(r.value)["seq"] for r in out]
@@ -197,7 +191,7 @@ def test_results_too_large_for_the_output_topic_are_dead_lettered(kafka_bootstra
     group = unique_topic("g")
     pipeline = write_pipeline(tmp_path / "p.yaml", kafka_bootstrap, t_in, t_out, group, dlq=t_dlq,
                               function="tests.integration.funcs:inflate")
-    proc = sluice("run", str(pipeline), "--idle-exit", "3")
+    proc = run_sluice("run", str(pipeline), "--idle-exit", "3")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert len(consume_all(kafka_bootstrap, t_out, expected_count=90)) == 90
     dlq = consume_all(kafka_bootstrap, t_dlq, expected_count=10)
