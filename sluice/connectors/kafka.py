@@ -85,16 +85,12 @@ class KafkaSource:
         def revoked(_: Consumer, parts: list[KafkaTopicPartition]) -> None:
             tps = [TopicPartition(p.topic, p.partition) for p in parts]
             on_revoke(tps)
-            self.assignment.difference_update(tps)
-            self._paused.difference_update(tps)
-            self._forget_positions(tps)
+            self._drop(tps)
 
         def lost(_: Consumer, parts: list[KafkaTopicPartition]) -> None:
             tps = [TopicPartition(p.topic, p.partition) for p in parts]
             on_lost(tps)
-            self.assignment.difference_update(tps)
-            self._paused.difference_update(tps)
-            self._forget_positions(tps)
+            self._drop(tps)
 
         self._consumer.subscribe(list(self.cfg.topics), on_assign=assigned, on_revoke=revoked, on_lost=lost)
 
@@ -166,6 +162,20 @@ class KafkaSource:
         except KafkaException as err:
             if err.args[0].code() != KafkaError._NO_OFFSET:
                 log.warning("offset commit failed: %s", err.args[0].str())
+
+    def _drop(self, tps: list[TopicPartition]) -> None:
+        """Forget partitions that leave this consumer. Paused ones are resumed first: librdkafka keeps a
+        partition's pause across a revoke, so one that came back later would stay paused for good (seen:
+        an operator idle with lag 1,372 after a rebalance)."""
+        paused = [tp for tp in tps if tp in self._paused]
+        if paused:
+            try:
+                self._consumer.resume([KafkaTopicPartition(tp.topic, tp.partition) for tp in paused])
+            except KafkaException as err:
+                log.debug("resume of leaving partitions failed: %s", err)
+        self.assignment.difference_update(tps)
+        self._paused.difference_update(tps)
+        self._forget_positions(tps)
 
     def _forget_positions(self, tps: Iterable[TopicPartition]) -> None:
         for tp in tps:
