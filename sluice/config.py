@@ -16,7 +16,15 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from sluice.engines import registry
 
@@ -37,12 +45,51 @@ class _Strict(BaseModel):
 # --------------------------------------------------------------------------------------------- sections
 
 
+class Sasl(_Strict):
+    """SASL authentication. The password is a SecretStr: it prints as '**********' everywhere."""
+
+    mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
+    username: str = Field(min_length=1)
+    password: SecretStr  # write ${KAFKA_PASSWORD}: from the environment (a Kubernetes Secret), not the file
+
+
+class Tls(_Strict):
+    """TLS to the brokers. ``tls: {}`` trusts the system's CAs. Paths are relative to the working directory."""
+
+    ca_location: str | None = None  # PEM file of the CA that signed the brokers' certificates
+    certificate_location: str | None = None  # client certificate (mutual TLS), PEM
+    key_location: str | None = None  # its private key, PEM
+    key_password: SecretStr | None = None  # if that key is encrypted
+    verify_hostname: bool = True  # check the broker's certificate names the host connected to
+
+    @model_validator(mode="after")
+    def _pair(self) -> Tls:
+        if (self.certificate_location is None) != (self.key_location is None):
+            raise ValueError("certificate_location and key_location go together (mutual TLS needs both)")
+        return self
+
+
+class KafkaSecurity(_Strict):
+    """How a client proves who it is and protects the connection: SASL, TLS, or both (SASL_SSL)."""
+
+    sasl: Sasl | None = None
+    tls: Tls | None = None
+
+    @model_validator(mode="after")
+    def _something(self) -> KafkaSecurity:
+        if self.sasl is None and self.tls is None:
+            raise ValueError("give 'sasl', 'tls' or both (or leave 'security' out for a plaintext cluster)")
+        return self
+
+
 class KafkaSource(_Strict):
     bootstrap_servers: str = Field(min_length=1)
     topics: list[Annotated[str, Field(min_length=1)]] = Field(min_length=1)
     group_id: str = Field(min_length=1)
     auto_offset_reset: Literal["earliest", "latest"] = "earliest"
-    # librdkafka settings passed through unchanged (security, timeouts...). Values may come from ${ENV}.
+    security: KafkaSecurity | None = None
+    # librdkafka settings passed through unchanged (timeouts...; they override `security`). Values may come
+    # from ${ENV}.
     config: dict[str, str | int | float | bool] = Field(default_factory=dict)
 
 
@@ -92,6 +139,9 @@ class EngineSection(BaseModel):
 class KafkaSink(_Strict):
     topic: str = Field(min_length=1)
     bootstrap_servers: str | None = None  # defaults to the source's
+    # Defaults to the source's when the sink uses the source's cluster (no bootstrap_servers of its own);
+    # a sink on another cluster never gets the source's credentials.
+    security: KafkaSecurity | None = None
     config: dict[str, str | int | float | bool] = Field(default_factory=dict)
 
 
@@ -194,6 +244,24 @@ class Pipeline(_Strict):
     runtime: Runtime = Field(default_factory=Runtime)
     telemetry: Telemetry = Field(default_factory=Telemetry)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _sink_inherits_security(cls, data: Any) -> Any:
+        """The sink writes to the source's cluster unless it names its own: then it uses the source's
+        security too. Copied only when valid, so a mistake there is reported once, at the source."""
+        try:
+            source_kafka, sink_kafka = data["source"]["kafka"], data["sink"]["kafka"]
+            security = source_kafka["security"]
+        except (KeyError, TypeError):
+            return data
+        if not isinstance(sink_kafka, dict) or "security" in sink_kafka or "bootstrap_servers" in sink_kafka:
+            return data
+        try:
+            KafkaSecurity.model_validate(security)
+        except ValidationError:
+            return data
+        return {**data, "sink": {**data["sink"], "kafka": {**sink_kafka, "security": security}}}
+
 
 @dataclass(frozen=True)
 class LoadedPipeline:
@@ -286,19 +354,26 @@ def _interpolate(value: Any, path: _Path, environ: Mapping[str, str], problems: 
     return _ENV.sub(substitute, value)
 
 
+# librdkafka keys and Sluice fields whose values are secrets (sasl.password, ssl.key.password, ...)
+_SECRET_KEY = re.compile(r"password|secret|token|jaas|credential|private|ssl\.key", re.IGNORECASE)
+
+
 def _describe(err: ValidationError, prefix: _Path, lines: dict[_Path, int]) -> list[str]:
     problems = []
     for e in err.errors():
         loc: _Path = (*prefix, *(p for p in e["loc"] if not (isinstance(p, str) and p.startswith("function-"))))
         kind = e["type"]
+        # a secret's value (even a wrong one) never reaches a message
+        secret = any(isinstance(p, str) and _SECRET_KEY.search(p) for p in loc)
+        shown = "<redacted>" if secret else repr(e.get("input"))
         if kind == "extra_forbidden":
             msg = f"unknown key '{loc[-1]}'; check the spelling against the pipeline reference in the README"
         elif kind == "missing":
             msg = "is required but missing"
         elif kind in ("int_parsing", "int_type", "int_from_float"):
-            msg = f"expected an integer, got {e['input']!r}"
+            msg = f"expected an integer, got {shown}"
         elif kind in ("float_parsing", "float_type"):
-            msg = f"expected a number, got {e['input']!r}"
+            msg = f"expected a number, got {shown}"
         elif kind in ("string_type",):
             msg = f"expected a string, got {_kind(e['input'])}"
         elif kind in ("list_type",):
@@ -306,11 +381,11 @@ def _describe(err: ValidationError, prefix: _Path, lines: dict[_Path, int]) -> l
         elif kind in ("model_type", "dict_type", "model_attributes_type"):
             msg = f"expected a mapping, got {_kind(e['input'])}"
         elif kind == "literal_error":
-            msg = f"expected one of {e['ctx']['expected']}, got {e['input']!r}"
+            msg = f"expected one of {e['ctx']['expected']}, got {shown}"
         else:
             msg = e["msg"].removeprefix("Value error, ")
             if "input" in e and not isinstance(e["input"], (dict, list)):
-                msg += f" (got {e['input']!r})"
+                msg += f" (got {shown})"
         problems.append(f"{_where(loc, lines)}: {msg}")
     return problems
 

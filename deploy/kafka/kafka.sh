@@ -16,8 +16,17 @@ HELP_TEXT="usage: kafka.sh COMMAND [options]
 
 Commands:
   start [--port P] [--nodes 1|3] [--dir DIR] [--controller-port C] [--heap-mb M] [--timeout S]
+        [--sasl] [--tls]
         Start a fresh cluster and wait until it serves AdminClient requests; print the bootstrap
         servers. Client ports P..P+nodes-1 (default 9092), controller ports C.. (default P+100).
+        --sasl adds a SASL_PLAINTEXT listener on P+200.. (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512; user
+        \$SLUICE_KAFKA_SASL_USER, default sluice, password \$SLUICE_KAFKA_SASL_PASSWORD, default a
+        random one); --tls (implies --sasl) adds a SASL_SSL listener on P+300.. with a throw-away CA
+        in DIR/tls/. The plaintext listener stays as it is.
+  security [--dir DIR]
+        Print the secured listeners' settings as shell assignments (SLUICE_KAFKA_SASL_BOOTSTRAP,
+        SLUICE_KAFKA_SASL_USER, SLUICE_KAFKA_SASL_PASSWORD, SLUICE_KAFKA_TLS_BOOTSTRAP,
+        SLUICE_KAFKA_TLS_CA); DIR/security.env holds the same, readable by its owner only.
   stop [--dir DIR] [--timeout S]
         SIGTERM the recorded nodes, wait up to S seconds (default 30), then SIGKILL stragglers.
   status [--dir DIR]
@@ -129,8 +138,76 @@ write_server_properties() {  # write_server_properties NODE : fills in server.pr
     text="${text//@DATA_DIR@/$(node_dir "$n")/data}"
     text="${text//@REPLICATION@/$replication}"
     text="${text//@MIN_ISR@/$min_isr}"
+    local listeners="" protocols=""
+    if ((SASL)); then
+        listeners+=",SASL_PLAINTEXT://127.0.0.1:$((PORT + 200 + n - 1))"
+        protocols+=",SASL_PLAINTEXT:SASL_PLAINTEXT"
+        text+=$'\n'"$(<"$SCRIPT_DIR/sasl.properties.template")"
+    fi
+    if ((TLS)); then
+        listeners+=",SASL_SSL://127.0.0.1:$((PORT + 300 + n - 1))"
+        protocols+=",SASL_SSL:SASL_SSL"
+        text+=$'\n'"$(<"$SCRIPT_DIR/tls.properties.template")"
+    fi
+    text="${text//@EXTRA_LISTENERS@/$listeners}"
+    text="${text//@EXTRA_ADVERTISED@/$listeners}"
+    text="${text//@EXTRA_PROTOCOLS@/$protocols}"
+    text="${text//@SASL_USER@/${SASL_USER:-}}"
+    text="${text//@SASL_PASSWORD@/${SASL_PASSWORD:-}}"
+    text="${text//@TLS_DIR@/$RUN_DIR/tls}"
     [[ ! "$text" =~ @[A-Z_]+@ ]] || die "server.properties.template has a placeholder kafka.sh does not fill in"
     printf '%s\n' "$text" >"$(node_dir "$n")/server.properties"
+}
+
+# ---------------------------------------------------------------- SASL / TLS (start --sasl, --tls)
+
+setup_security() {  # credentials, TLS material and DIR/security.env for a --sasl / --tls cluster
+    SASL_USER="${SLUICE_KAFKA_SASL_USER:-sluice}"
+    # Random by default, so a test can look for it in logs and be sure no other text matches.
+    SASL_PASSWORD="${SLUICE_KAFKA_SASL_PASSWORD:-$(head -c 64 /dev/urandom | base64 | tr -dc 'A-Za-z0-9' | head -c 24)}"
+    # They go into JAAS options ("...") and --add-scram's [name=...,password=...]: keep them plain.
+    [[ "$SASL_USER" =~ ^[A-Za-z0-9_.-]+$ ]] || die "SLUICE_KAFKA_SASL_USER may only hold letters, digits, '_', '.', '-'"
+    [[ "$SASL_PASSWORD" =~ ^[A-Za-z0-9_.-]+$ ]] || die "SLUICE_KAFKA_SASL_PASSWORD may only hold letters, digits, '_', '.', '-'"
+    local sasl_bootstrap="" tls_bootstrap="" i
+    for ((i = 0; i < NODES; i++)); do
+        sasl_bootstrap+="${sasl_bootstrap:+,}127.0.0.1:$((PORT + 200 + i))"
+        tls_bootstrap+="${tls_bootstrap:+,}127.0.0.1:$((PORT + 300 + i))"
+    done
+    if ((TLS)); then make_tls_material "$RUN_DIR/tls"; fi
+    (
+        umask 077
+        {
+            echo "SLUICE_KAFKA_SASL_BOOTSTRAP=$sasl_bootstrap"
+            echo "SLUICE_KAFKA_SASL_USER=$SASL_USER"
+            echo "SLUICE_KAFKA_SASL_PASSWORD=$SASL_PASSWORD"
+            if ((TLS)); then
+                echo "SLUICE_KAFKA_TLS_BOOTSTRAP=$tls_bootstrap"
+                echo "SLUICE_KAFKA_TLS_CA=$RUN_DIR/tls/ca.pem"
+            fi
+        } >"$RUN_DIR/security.env"
+    )
+}
+
+make_tls_material() {  # make_tls_material DIR : a throw-away CA and a broker key/certificate for 127.0.0.1
+    local dir="$1"
+    need_tool openssl "--tls makes a throw-away certificate authority with it"
+    rm -rf "$dir"
+    mkdir -p "$dir"
+    (
+        umask 077
+        cd "$dir"
+        openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj "/CN=sluice-test-ca" \
+            -keyout ca.key -out ca.pem -addext "basicConstraints=critical,CA:TRUE" \
+            -addext "keyUsage=critical,keyCertSign,cRLSign" 2>/dev/null
+        openssl req -newkey rsa:2048 -nodes -subj "/CN=localhost" -keyout broker.key -out broker.csr 2>/dev/null
+        printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n' >broker.ext
+        openssl x509 -req -in broker.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 \
+            -extfile broker.ext -out broker.crt 2>/dev/null
+        # Kafka's PEM key store: one file with the PKCS#8 private key, then the certificate chain.
+        openssl pkcs8 -topk8 -nocrypt -in broker.key -out broker.pk8
+        cat broker.pk8 broker.crt ca.pem >broker.pem
+        rm -f ca.key broker.key broker.pk8 broker.csr broker.ext ca.srl
+    ) || die "could not make the TLS certificates in $dir with openssl"
 }
 
 random_cluster_id() {
@@ -243,9 +320,12 @@ cmd_start() {
             die "a cluster is already running in $RUN_DIR (run 'kafka.sh stop --dir $RUN_DIR' first)"
     done
     resolve_jars
-    local i p
+    local i p extra_ports
     for ((i = 0; i < NODES; i++)); do
-        for p in $((PORT + i)) $((CONTROLLER_PORT + i)); do
+        extra_ports=""
+        if ((SASL)); then extra_ports+=" $((PORT + 200 + i))"; fi
+        if ((TLS)); then extra_ports+=" $((PORT + 300 + i))"; fi
+        for p in $((PORT + i)) $((CONTROLLER_PORT + i)) $extra_ports; do
             port_in_use "$p" && die "port $p on 127.0.0.1 is already in use (choose another with --port / --controller-port)"
         done
     done
@@ -262,14 +342,23 @@ CONTROLLER_PORT=$CONTROLLER_PORT
 HEAP_MB=$HEAP_MB
 CLUSTER_ID=$cluster_id
 BOOTSTRAP=$BOOTSTRAP
+SASL=$SASL
+TLS=$TLS
 EOF
-    local n fmt_pids=()
+    local n fmt_pids=() scram=()
+    rm -f "$RUN_DIR/security.env"
+    if ((SASL)); then
+        setup_security
+        # SCRAM credentials live in the metadata log; formatting writes them before the first start.
+        scram=(--add-scram "SCRAM-SHA-256=[name=$SASL_USER,password=$SASL_PASSWORD]"
+            --add-scram "SCRAM-SHA-512=[name=$SASL_USER,password=$SASL_PASSWORD]")
+    fi
     for n in $(all_nodes); do
         mkdir -p "$(node_dir "$n")"
         write_server_properties "$n"
         # Formatting is a short JVM run per node; run them side by side.
         java -Xmx256m -XX:TieredStopAtLevel=1 -cp "$LIB_DIR/*" kafka.tools.StorageTool format \
-            -t "$cluster_id" -c "$(node_dir "$n")/server.properties" >"$(node_dir "$n")/format.log" 2>&1 &
+            -t "$cluster_id" -c "$(node_dir "$n")/server.properties" "${scram[@]}" >"$(node_dir "$n")/format.log" 2>&1 &
         fmt_pids+=($!)
     done
     local k=0
@@ -372,6 +461,7 @@ case "$COMMAND" in -h | --help | help) echo "$HELP_TEXT"; exit 0 ;; esac
 
 RUN_DIR="${SLUICE_KAFKA_DIR:-$SCRIPT_DIR/run}"
 PORT=9092 NODES=1 CONTROLLER_PORT="" HEAP_MB="" TIMEOUT_S=120 STOP_TIMEOUT_S=30 SIGNAL=KILL NODE_ARG="" WATCH_PID=""
+SASL=0 TLS=0
 if [[ "$COMMAND" == kill-node || "$COMMAND" == start-node || "$COMMAND" == _watch ]]; then
     NODE_ARG="${1:-}"
     [[ -n "$NODE_ARG" ]] || die "$COMMAND needs a node number"
@@ -386,6 +476,8 @@ while (($#)); do
         --heap-mb) HEAP_MB="${2:?--heap-mb needs a value}"; shift 2 ;;
         --watch-pid) WATCH_PID="${2:?--watch-pid needs a value}"; shift 2 ;;
         --signal) SIGNAL="${2:?--signal needs a value}"; shift 2 ;;
+        --sasl) SASL=1; shift ;;
+        --tls) SASL=1 TLS=1; shift ;;
         --timeout)
             TIMEOUT_S="${2:?--timeout needs a value}"; STOP_TIMEOUT_S="$TIMEOUT_S"; shift 2 ;;
         -h | --help) echo "$HELP_TEXT"; exit 0 ;;
@@ -405,6 +497,10 @@ case "$COMMAND" in
     kill-node) cmd_kill_node ;;
     start-node) cmd_start_node ;;
     bootstrap) load_cluster; echo "$BOOTSTRAP" ;;
+    security)
+        load_cluster
+        [[ -f "$RUN_DIR/security.env" ]] || die "the cluster in $RUN_DIR has no secured listener (start it with --sasl or --tls)"
+        cat "$RUN_DIR/security.env" ;;
     _watch) cmd_watch ;;
     *) die "unknown command '$COMMAND' (see kafka.sh --help)" ;;
 esac

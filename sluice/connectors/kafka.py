@@ -27,6 +27,7 @@ from confluent_kafka import (
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource
 
+from sluice.config import KafkaSecurity
 from sluice.config import KafkaSink as KafkaSinkConfig
 from sluice.config import KafkaSource as KafkaSourceConfig
 from sluice.operator.record import InputRecord, TopicPartition
@@ -65,6 +66,7 @@ class KafkaSource:
         }
         if transactional:
             conf.update({"enable.auto.commit": False, "isolation.level": "read_committed"})
+        conf.update(security_config(cfg.security))
         conf.update(cfg.config)
         self._consumer = Consumer(conf)
         self._paused: set[TopicPartition] = set()
@@ -240,6 +242,32 @@ class KafkaSource:
         log.warning("kafka consumer: %s", err.str())
 
 
+def security_config(security: KafkaSecurity | None) -> dict[str, str]:
+    """librdkafka settings for ``security``: SASL_SSL with both parts, SASL_PLAINTEXT or SSL with one,
+    nothing for a plaintext cluster. Secrets are revealed here only, into the client's configuration;
+    librdkafka itself prints sensitive properties as "[redacted]" in its debug logs."""
+    if security is None:
+        return {}
+    sasl, tls = security.sasl, security.tls
+    conf: dict[str, str] = {
+        "security.protocol": ("SASL_" if sasl else "") + ("SSL" if tls else "PLAINTEXT"),
+    }
+    if sasl is not None:
+        conf.update({"sasl.mechanism": sasl.mechanism, "sasl.username": sasl.username,
+                     "sasl.password": sasl.password.get_secret_value()})
+    if tls is not None:
+        # "https": the broker's certificate must name the host it was reached at (librdkafka's default).
+        conf["ssl.endpoint.identification.algorithm"] = "https" if tls.verify_hostname else "none"
+        for key, value in (("ssl.ca.location", tls.ca_location),
+                           ("ssl.certificate.location", tls.certificate_location),
+                           ("ssl.key.location", tls.key_location)):
+            if value is not None:
+                conf[key] = value
+        if tls.key_password is not None:
+            conf["ssl.key.password"] = tls.key_password.get_secret_value()
+    return conf
+
+
 DeliveryCallback = Callable[[KafkaError | None, Message], None]
 
 
@@ -262,6 +290,7 @@ class KafkaSink:
         if transactional_id is not None:
             conf.update({"transactional.id": transactional_id, "transaction.timeout.ms": transaction_timeout_ms})
         if cfg is not None:
+            conf.update(security_config(cfg.security))
             conf.update(cfg.config)
         self._conf = conf
         self._producer = Producer(conf)
