@@ -7,26 +7,55 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.support.kafka import KafkaCluster
+from tests.support.kafka import KafkaCluster, SecuredListeners
 
 # ---------------------------------------------------------------- Kafka
 
 
 @pytest.fixture(scope="session")
-def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def _kafka_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaCluster | None]:
+    """The broker this session started (with SASL and TLS listeners too), or None when
+    SLUICE_KAFKA_BOOTSTRAP names an existing one."""
+    if os.environ.get("SLUICE_KAFKA_BOOTSTRAP"):
+        yield None
+        return
+    cluster = KafkaCluster.start(tmp_path_factory.mktemp("kafka"), num_nodes=1, secured=True)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(_kafka_session: KafkaCluster | None) -> str:
     """Bootstrap servers of a real broker for the whole session.
 
     SLUICE_KAFKA_BOOTSTRAP=host:port uses an existing broker (left running afterwards); otherwise a
     single-node broker is started with deploy/kafka/kafka.sh in a tmp dir and stopped at session end.
     If it cannot start, tests using it error with the script's log tail in the message.
     """
-    external = os.environ.get("SLUICE_KAFKA_BOOTSTRAP")
-    if external:
-        yield external
+    return os.environ["SLUICE_KAFKA_BOOTSTRAP"] if _kafka_session is None else _kafka_session.bootstrap
+
+
+@pytest.fixture(scope="session")
+def kafka_secured(_kafka_session: KafkaCluster | None,
+                  tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecuredListeners]:
+    """SASL_PLAINTEXT and SASL_SSL listeners of a real broker (PLAIN, SCRAM-SHA-256/512; a throw-away CA).
+
+    The session broker's, or those named by SLUICE_KAFKA_SASL_BOOTSTRAP & co. (``./dev test`` exports them
+    from ``kafka.sh security``); with SLUICE_KAFKA_BOOTSTRAP alone, a secured broker is started for them.
+    """
+    if _kafka_session is not None and _kafka_session.secured is not None:
+        yield _kafka_session.secured
         return
-    cluster = KafkaCluster.start(tmp_path_factory.mktemp("kafka"), num_nodes=1)
+    given = SecuredListeners.from_env(dict(os.environ))
+    if given is not None:
+        yield given
+        return
+    cluster = KafkaCluster.start(tmp_path_factory.mktemp("kafka-secured"), num_nodes=1, secured=True)
     try:
-        yield cluster.bootstrap
+        assert cluster.secured is not None
+        yield cluster.secured
     finally:
         cluster.stop()
 

@@ -40,25 +40,65 @@ class ConsumedRecord:
     headers: tuple[tuple[str, bytes | None], ...]  # in the order they were produced
 
 
+@dataclass(frozen=True)
+class SecuredListeners:
+    """The SASL (and SASL_SSL) listeners of a broker started with ``kafka.sh start --sasl/--tls``, or given
+    by the SLUICE_KAFKA_SASL_* / SLUICE_KAFKA_TLS_* variables (what ``kafka.sh security`` prints)."""
+
+    sasl_bootstrap: str  # SASL_PLAINTEXT: PLAIN, SCRAM-SHA-256 and SCRAM-SHA-512 for `username`
+    username: str
+    password: str
+    tls_bootstrap: str | None = None  # SASL_SSL, same users; None when the broker has no TLS listener
+    ca_location: str | None = None  # PEM of the CA that signed the TLS listener's certificate
+
+    @classmethod
+    def from_env(cls, env: dict[str, str]) -> SecuredListeners | None:
+        if not env.get("SLUICE_KAFKA_SASL_BOOTSTRAP"):
+            return None
+        return cls(sasl_bootstrap=env["SLUICE_KAFKA_SASL_BOOTSTRAP"], username=env["SLUICE_KAFKA_SASL_USER"],
+                   password=env["SLUICE_KAFKA_SASL_PASSWORD"], tls_bootstrap=env.get("SLUICE_KAFKA_TLS_BOOTSTRAP"),
+                   ca_location=env.get("SLUICE_KAFKA_TLS_CA"))
+
+    def client_config(self, mechanism: str, tls: bool = False, password: str | None = None) -> dict[str, str]:
+        """confluent-kafka settings for a plain client of the SASL (or, with ``tls``, SASL_SSL) listener."""
+        conf = {"bootstrap.servers": self.sasl_bootstrap, "security.protocol": "SASL_PLAINTEXT",
+                "sasl.mechanism": mechanism, "sasl.username": self.username,
+                "sasl.password": self.password if password is None else password}
+        if tls:
+            if self.tls_bootstrap is None or self.ca_location is None:
+                raise RuntimeError("this broker has no TLS listener (start it with kafka.sh start --tls)")
+            conf.update({"bootstrap.servers": self.tls_bootstrap, "security.protocol": "SASL_SSL",
+                         "ssl.ca.location": self.ca_location})
+        return conf
+
+
 class KafkaCluster:
     """A cluster started by kafka.sh in `run_dir`; the test owns it and must call `stop()`."""
 
-    def __init__(self, run_dir: Path, num_nodes: int, bootstrap: str) -> None:
+    def __init__(self, run_dir: Path, num_nodes: int, bootstrap: str, secured: SecuredListeners | None = None) -> None:
         self.run_dir = run_dir
         self.num_nodes = num_nodes
         self.bootstrap = bootstrap  # "127.0.0.1:P[,127.0.0.1:P+1,...]"
+        self.secured = secured  # the SASL / SASL_SSL listeners, when started with secured=True
 
     @classmethod
-    def start(cls, run_dir: Path, num_nodes: int = 1, timeout_s: float = 120.0) -> KafkaCluster:
+    def start(cls, run_dir: Path, num_nodes: int = 1, timeout_s: float = 120.0, secured: bool = False) -> KafkaCluster:
         """Start a fresh cluster on free loopback ports; returns once every node serves requests.
 
-        The cluster also stops by itself once this Python process exits, even if it is killed.
+        ``secured`` adds SASL_PLAINTEXT and SASL_SSL listeners (``kafka.sh start --tls``) next to the
+        plaintext one. The cluster also stops by itself once this Python process exits, even if it is killed.
         """
         port, controller_port = free_port_block(num_nodes)
         args = ["start", "--nodes", str(num_nodes), "--port", str(port), "--controller-port", str(controller_port),
                 "--watch-pid", str(os.getpid())]
+        if secured:
+            args.append("--tls")
         bootstrap = _run_script(run_dir, *args, "--timeout", str(int(timeout_s))).strip()
-        return cls(run_dir, num_nodes, bootstrap)
+        listeners = None
+        if secured:
+            lines = _run_script(run_dir, "security").splitlines()
+            listeners = SecuredListeners.from_env(dict(line.split("=", 1) for line in lines if "=" in line))
+        return cls(run_dir, num_nodes, bootstrap, listeners)
 
     def node_bootstrap(self, node_id: int) -> str:
         """The client address of one node (node ids are 1..num_nodes)."""
@@ -93,10 +133,11 @@ def _run_script(run_dir: Path, *args: str) -> str:
 
 
 def free_port_block(num_nodes: int) -> tuple[int, int]:
-    """Client ports P..P+n-1 and controller ports P+100..: all free now, below the ephemeral range."""
+    """Client ports P..P+n-1, controller ports P+100.. and the secured listeners' P+200.., P+300..: all
+    free now, below the ephemeral range."""
     for _ in range(200):
-        port = random.randrange(20000, 32000 - 200)
-        wanted = [port + i for i in range(num_nodes)] + [port + 100 + i for i in range(num_nodes)]
+        port = random.randrange(20000, 32000 - 400)
+        wanted = [port + offset + i for offset in (0, 100, 200, 300) for i in range(num_nodes)]
         if all(_port_is_free(p) for p in wanted):
             return port, port + 100
     raise RuntimeError("no free block of loopback ports found between 20000 and 32000")
@@ -118,10 +159,12 @@ def unique_topic(prefix: str) -> str:
 
 def create_topic(
     bootstrap: str, name: str, partitions: int, replication: int = 1,
-    config: dict[str, str] | None = None, timeout_s: float = 30.0,
+    config: dict[str, str] | None = None, timeout_s: float = 30.0, client: dict[str, str] | None = None,
 ) -> None:
-    """Create a topic and wait until its metadata shows every partition with a leader."""
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    """Create a topic and wait until its metadata shows every partition with a leader.
+
+    ``client``: extra client settings (SASL credentials, say)."""
+    admin = AdminClient({"bootstrap.servers": bootstrap, **(client or {})})
     topic = NewTopic(name, num_partitions=partitions, replication_factor=replication, config=config or {})
     admin.create_topics([topic], operation_timeout=timeout_s)[name].result(timeout=timeout_s)
     deadline = time.monotonic() + timeout_s
@@ -179,8 +222,9 @@ def produce(
     return [r for r in results if r is not None]
 
 
-def _partitions(bootstrap: str, topic: str) -> list[int]:
-    meta = AdminClient({"bootstrap.servers": bootstrap}).list_topics(topic=topic, timeout=10).topics.get(topic)
+def _partitions(bootstrap: str, topic: str, client: dict[str, str] | None = None) -> list[int]:
+    admin = AdminClient({"bootstrap.servers": bootstrap, **(client or {})})
+    meta = admin.list_topics(topic=topic, timeout=10).topics.get(topic)
     if meta is None or meta.error is not None:
         raise RuntimeError(f"topic {topic!r} not found on {bootstrap}: {meta.error if meta else 'no metadata'}")
     return sorted(meta.partitions)
@@ -188,7 +232,7 @@ def _partitions(bootstrap: str, topic: str) -> list[int]:
 
 def consume_all(
     bootstrap: str, topic: str, expected_count: int | None = None, timeout_s: float = 30.0,
-    isolation: str = "read_uncommitted",
+    isolation: str = "read_uncommitted", client: dict[str, str] | None = None,
 ) -> list[ConsumedRecord]:
     """Read every partition from the beginning until each is at its end (and, if given, at least
     `expected_count` records arrived); returns records sorted by (partition, offset).
@@ -202,9 +246,10 @@ def consume_all(
         "enable.auto.commit": False,
         "enable.partition.eof": True,  # tells us when a partition is fully read
         "isolation.level": isolation,
+        **(client or {}),
     })
     try:
-        partitions = _partitions(bootstrap, topic)
+        partitions = _partitions(bootstrap, topic, client)
         consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
         at_end = dict.fromkeys(partitions, False)
         records: list[ConsumedRecord] = []
