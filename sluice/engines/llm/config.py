@@ -56,6 +56,13 @@ class EngineConfig:
     max_model_len: int | None = None  # prompt + output cap; default: the model's context length
     num_threads: int | None = None  # CPU only: torch intra-op threads (None leaves torch's setting)
     seed: int = 0  # seeds requests that sample without their own seed
+    # Prompt-lookup speculative decoding: drafts per decoding request and step (0 = off); n-gram sizes
+    # matched against the request's own tokens; adaptive: draft only where the measured step cost says the
+    # request's recent acceptance pays for the extra positions (off: always draft when a match exists).
+    num_speculative_tokens: int = 0
+    speculative_ngram_max: int = 3
+    speculative_ngram_min: int = 1
+    speculative_adaptive: bool = True
 
     DEFAULT_CPU_KV_BYTES = 512 * 1024 * 1024
 
@@ -71,5 +78,12 @@ class EngineConfig:
             raise ValueError(f"dtype must be auto, float32, float16 or bfloat16, got {self.dtype!r}")
         if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
             raise ValueError(f"device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
+        if self.num_speculative_tokens < 0:
+            raise ValueError(f"num_speculative_tokens must be >= 0 (0 = off), got {self.num_speculative_tokens}")
+        if not 1 <= self.speculative_ngram_min <= self.speculative_ngram_max:
+            raise ValueError(
+                "need 1 <= speculative_ngram_min <= speculative_ngram_max, got "
+                f"{self.speculative_ngram_min} and {self.speculative_ngram_max}"
+            )
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")

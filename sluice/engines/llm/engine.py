@@ -3,10 +3,14 @@
 Requests are added one at a time at any moment (``add_request``); every ``step()`` advances all running
 requests by one scheduled chunk and returns those that finished::
 
-    out = scheduler.schedule()                 # which requests compute how many tokens
+    out = scheduler.schedule()                 # which requests compute how many tokens (and drafts)
     sampled = runner.execute(out)              # tensors -> model over the paged KV cache -> sampled tokens
     stops = self._check_stops(sampled)         # stop tokens / stop strings (max_tokens: the scheduler)
     finished = scheduler.update(out, ...)      # append tokens, cache full blocks, free finished requests
+
+With ``num_speculative_tokens > 0`` a decoding request may emit several tokens in one step (prompt-lookup
+drafts verified in the same forward pass, see ``speculation.py``); greedy outputs are the same as without
+it, sampled outputs follow the same distribution. A stop inside an accepted run cuts the run there.
 
 Output contract (:class:`RequestOutput`): ``token_ids`` are all generated tokens, including a final stop
 token (an EOS or one of ``stop_token_ids``); ``text`` is their detokenised text without special tokens and,
@@ -18,6 +22,7 @@ Not thread-safe: one thread drives ``add_request`` / ``step`` / ``abort``.
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +34,7 @@ from sluice.engines.llm.kv_cache import KVCacheManager
 from sluice.engines.llm.model_runner import ModelRunner, SampledToken
 from sluice.engines.llm.request import Request, RequestStatus, SamplingParams
 from sluice.engines.llm.scheduler import Scheduler
+from sluice.engines.llm.speculation import Drafter
 from sluice.engines.llm.tokenizer import ChatTokenizer, IncrementalDetokenizer
 from sluice.engines.llm.weights import find_gguf, load_weights
 
@@ -50,6 +56,13 @@ class RequestOutput:
     status: RequestStatus  # FINISHED_STOPPED or FINISHED_LENGTH
     logprobs: list[float] | None  # log-prob of each generated token, when requested
     num_cached_tokens: int  # prompt tokens served by the prefix cache (at the last admission)
+    num_draft_tokens: int = 0  # speculative drafts verified for this request
+    num_accepted_draft_tokens: int = 0  # drafts emitted as output (each saved one decode step)
+
+    @property
+    def spec_acceptance_rate(self) -> float:
+        """Accepted / verified drafts of this request (0.0 when none were proposed)."""
+        return self.num_accepted_draft_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
 
     @property
     def finish_reason(self) -> str:
@@ -65,6 +78,9 @@ class EngineStats:
     kv_usage: float  # fraction of KV blocks in use now
     num_kv_blocks: int
     num_steps: int
+    num_draft_tokens: int = 0  # speculative drafts verified
+    num_accepted_draft_tokens: int = 0  # drafts emitted as output
+    spec_acceptance_rate: float = 0.0  # accepted / verified drafts, 0..1
 
 
 class _Tracker:
@@ -109,8 +125,14 @@ class LLM:
             self.tokenizer = None  # token-id prompts only
         del reader
         self.kv = KVCacheManager(self.runner.num_blocks, self.config.block_size, self.config.enable_prefix_caching)
+        c = self.config
+        self.drafter = (
+            Drafter(c.num_speculative_tokens, c.speculative_ngram_max, c.speculative_ngram_min,
+                    adaptive=c.speculative_adaptive)
+            if c.num_speculative_tokens else None
+        )  # fmt: skip
         self.scheduler = Scheduler(
-            self.kv, self.config.max_num_seqs, self.config.max_num_batched_tokens, max_model_len=self.max_model_len
+            self.kv, c.max_num_seqs, c.max_num_batched_tokens, max_model_len=self.max_model_len, drafter=self.drafter
         )
         self._eos_ids = frozenset(model_config.eos_token_ids)
         self._trackers: dict[str, _Tracker] = {}
@@ -167,29 +189,44 @@ class LLM:
         out = self.scheduler.schedule()
         if not out.scheduled:
             return []
-        sampled = self.runner.execute([(s.request, s.num_new_tokens) for s in out.scheduled])
-        stops = self._check_stops(sampled)
-        finished = self.scheduler.update(out, {rid: s.token_id for rid, s in sampled.items()}, stops)
+        start_s = time.perf_counter()
+        sampled = self.runner.execute(out.scheduled)
+        if self.drafter is not None:
+            self.drafter.record_step(out.num_batched_tokens, time.perf_counter() - start_s)
+        tokens, stops = self._check_stops(sampled)
+        finished = self.scheduler.update(out, tokens, stops)
         self._num_steps += 1
-        self._num_output_tokens += len(sampled)
+        self._num_output_tokens += sum(len(t) for t in tokens.values())
         return [self._output(r) for r in finished]
 
-    def _check_stops(self, sampled: dict[str, SampledToken]) -> dict[str, RequestStatus]:
-        """Record log-probs and detokenised text; decide which requests stop on this token."""
+    def _check_stops(
+        self, sampled: dict[str, list[SampledToken]]
+    ) -> tuple[dict[str, list[int]], dict[str, RequestStatus]]:
+        """Record log-probs and detokenised text; cut each token run after its first stop.
+
+        Returns the tokens to append per request and which requests stop (on their last token). A run never
+        goes past the request's max length (the scheduler drafts within it; cut here too, to be sure).
+        """
+        tokens: dict[str, list[int]] = {}
         stops: dict[str, RequestStatus] = {}
-        for rid, s in sampled.items():
+        for rid, run in sampled.items():
             tracker = self._trackers[rid]
-            params = self.scheduler.requests[rid].params
-            if tracker.logprobs is not None and s.logprob is not None:
-                tracker.logprobs.append(s.logprob)
-            if s.token_id in params.stop_token_ids or (s.token_id in self._eos_ids and not params.ignore_eos):
-                stops[rid] = RequestStatus.FINISHED_STOPPED
-                continue
-            if tracker.detok is not None:
-                delta = tracker.detok.add(s.token_id)
-                if delta and _find_stop(tracker, params.stop, len(delta)):
+            request = self.scheduler.requests[rid]
+            params = request.params
+            kept = tokens[rid] = []
+            for s in run[: max(1, self.scheduler.max_len(request) - request.num_tokens)]:
+                kept.append(s.token_id)
+                if tracker.logprobs is not None and s.logprob is not None:
+                    tracker.logprobs.append(s.logprob)
+                if s.token_id in params.stop_token_ids or (s.token_id in self._eos_ids and not params.ignore_eos):
                     stops[rid] = RequestStatus.FINISHED_STOPPED
-        return stops
+                    break
+                if tracker.detok is not None:
+                    delta = tracker.detok.add(s.token_id)
+                    if delta and _find_stop(tracker, params.stop, len(delta)):
+                        stops[rid] = RequestStatus.FINISHED_STOPPED
+                        break
+        return tokens, stops
 
     def _output(self, request: Request) -> RequestOutput:
         tracker = self._trackers.pop(request.request_id)
@@ -207,6 +244,8 @@ class LLM:
             status=request.status,
             logprobs=tracker.logprobs,
             num_cached_tokens=request.num_cached_tokens,
+            num_draft_tokens=request.num_draft_tokens,
+            num_accepted_draft_tokens=request.num_accepted_draft_tokens,
         )
 
     # ---- conveniences --------------------------------------------------------------------------------
@@ -245,6 +284,9 @@ class LLM:
             kv_usage=self.kv.usage,
             num_kv_blocks=self.kv.num_blocks,
             num_steps=self._num_steps,
+            num_draft_tokens=self.drafter.stats.num_draft_tokens if self.drafter else 0,
+            num_accepted_draft_tokens=self.drafter.stats.num_accepted_tokens if self.drafter else 0,
+            spec_acceptance_rate=self.drafter.stats.acceptance_rate if self.drafter else 0.0,
         )
 
     def _require_tokenizer(self, what: str) -> ChatTokenizer:

@@ -229,6 +229,25 @@ class KVCacheManager:
         request.block_ids.clear()
         self._num_registered.pop(request.request_id, None)
 
+    def trim(self, request: Request, num_tokens: int) -> int:
+        """Drop the request's blocks past the first ``num_blocks_for(num_tokens)``; return how many.
+
+        Used after a speculative step rejected drafts: their positions' K/V is garbage and is recomputed
+        when those positions are computed again. The trimmed blocks hold no registered (full, computed)
+        positions, so they go to the front of the free queue like any uncached block.
+        """
+        keep = self.num_blocks_for(num_tokens)
+        num_trimmed = 0
+        while len(request.block_ids) > keep:
+            block_id = request.block_ids.pop()
+            self._ref_counts[block_id] -= 1
+            if self._ref_counts[block_id] == 0:
+                self._free[block_id] = None
+                if self._block_hashes[block_id] is None:
+                    self._free.move_to_end(block_id, last=False)
+            num_trimmed += 1
+        return num_trimmed
+
     def reset_prefix_cache(self) -> int:
         """Forget every cached block no request holds (e.g. after a weight reload). Returns how many."""
         num_evicted = 0

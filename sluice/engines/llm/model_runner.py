@@ -4,7 +4,10 @@ The runner owns the device: the model's weights and the KV pool, preallocated on
 budget (``num_blocks`` is fixed for the engine's life). Per step it builds, in plain Python from the
 scheduler's bookkeeping, the flat token batch (every request's not-yet-computed tokens, no padding), their
 positions, the cache slot of every new token, and -- for requests whose tokens are all computed after this
-step -- the row whose logits are sampled.
+step -- the row whose logits are sampled. A request verifying ``k`` speculative drafts computes its last token
+and the drafts; all ``k + 1`` of its rows are sampled, each with its own step index (so a seeded request
+draws the token at each position exactly as it would without speculation), and
+:func:`~sluice.engines.llm.speculation.accept_drafts` keeps the accepted run plus one token.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from sluice.engines.llm.config import EngineConfig, ModelConfig
 from sluice.engines.llm.model import KVCache, LlamaModel
 from sluice.engines.llm.request import Request
 from sluice.engines.llm.sampling import Sampler, SamplingRow
+from sluice.engines.llm.scheduler import ScheduledRequest
+from sluice.engines.llm.speculation import accept_drafts
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -90,11 +95,12 @@ class ModelRunner:
         return max(0, int(free_bytes * ecfg.gpu_memory_utilization) - activations)
 
     @torch.inference_mode()
-    def execute(self, scheduled: list[tuple[Request, int]]) -> dict[str, SampledToken]:
-        """Compute ``num_new_tokens`` tokens of each ``(request, num_new_tokens)``; sample where complete.
+    def execute(self, scheduled: list[ScheduledRequest]) -> dict[str, list[SampledToken]]:
+        """Compute ``num_new_tokens`` positions of each scheduled request; sample where complete.
 
-        Returns the sampled token for every request whose computed tokens reach ``num_tokens`` this step.
-        Block tables must already cover the new tokens (the scheduler allocated them).
+        Returns the emitted tokens (one, or 1..k+1 after verifying k drafts) of every request whose computed
+        tokens reach ``num_tokens`` this step. Block tables must already cover the new positions (the
+        scheduler allocated them).
         """
         bs = self.block_size
         input_ids: list[int] = []
@@ -105,11 +111,16 @@ class ModelRunner:
         tables: list[list[int]] = []
         logits_rows: list[int] = []
         sampling: list[SamplingRow] = []
-        sampled_requests: list[Request] = []
-        for req, num_new in scheduled:
+        sampled_requests: list[tuple[Request, list[int]]] = []
+        for item in scheduled:
+            req, num_new, drafts = item.request, item.num_new_tokens, item.draft_token_ids
             start, end = req.num_computed_tokens, req.num_computed_tokens + num_new
             blocks = req.block_ids
-            input_ids.extend(req.token_ids_in(start, end))
+            if drafts:
+                input_ids.extend(req.token_ids_in(start, end - len(drafts)))
+                input_ids.extend(drafts)
+            else:
+                input_ids.extend(req.token_ids_in(start, end))
             if num_new == 1:
                 positions.append(start)
                 slots.append(blocks[start // bs] * bs + start % bs)
@@ -120,10 +131,11 @@ class ModelRunner:
             query_lens.append(num_new)
             seq_lens.append(end)
             tables.append(blocks)
-            if end == req.num_tokens:
-                logits_rows.append(len(input_ids) - 1)
-                sampling.append(SamplingRow(req.params, req.num_output_tokens))
-                sampled_requests.append(req)
+            if item.completes:
+                for j in range(len(drafts), -1, -1):  # the last token's row, then one per draft
+                    logits_rows.append(len(input_ids) - 1 - j)
+                    sampling.append(SamplingRow(req.params, req.num_output_tokens + len(drafts) - j))
+                sampled_requests.append((req, drafts))
 
         dev = self.device
         meta = AttentionMetadata(
@@ -145,11 +157,18 @@ class ModelRunner:
         if not sampled_requests:
             return {}
         out = self.sampler.sample(logits, sampling)
-        return {
-            req.request_id: SampledToken(tok, None if out.logprobs is None or not req.params.logprobs
-                                         else out.logprobs[i])
-            for i, (req, tok) in enumerate(zip(sampled_requests, out.token_ids, strict=True))
-        }  # fmt: skip
+        result: dict[str, list[SampledToken]] = {}
+        row = 0
+        for req, drafts in sampled_requests:
+            targets = out.token_ids[row : row + len(drafts) + 1]
+            tokens = accept_drafts(drafts, targets) if drafts else targets
+            want = out.logprobs is not None and req.params.logprobs
+            result[req.request_id] = [
+                SampledToken(tok, out.logprobs[row + j] if want and out.logprobs is not None else None)
+                for j, tok in enumerate(tokens)
+            ]
+            row += len(drafts) + 1
+        return result
 
     def _block_table_tensor(self, tables: list[list[int]]) -> torch.Tensor:
         width = max(len(t) for t in tables)

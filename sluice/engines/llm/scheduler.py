@@ -18,6 +18,12 @@ Each ``schedule()`` call:
 
 A prompt longer than the remaining budget is computed over several steps (chunked prefill).
 
+Speculation (with a :class:`~sluice.engines.llm.speculation.Drafter`): a running request that is decoding
+(one position left) may get ``k`` draft tokens; it then computes ``1 + k`` positions, counted against the
+budget and covered by its KV blocks (if the pool cannot hold them, it decodes plainly instead of preempting
+anyone). ``update`` takes the emitted tokens (1..k+1), moves ``num_computed_tokens`` to just before the last
+one and frees the blocks that held only rejected drafts.
+
 Progress: the oldest running request is never preempted while another request runs, and ``add`` rejects a
 request whose whole lifetime would not fit in the pool alone, so every request finishes.
 
@@ -25,6 +31,7 @@ Callers: the engine thread only (not thread-safe). Order per step::
 
     out = scheduler.schedule()
     sampled, finish = model_runner.execute(out)          # engine; may call scheduler.abort() meanwhile
+                                                          # sampled: request_id -> emitted tokens
     finished = scheduler.update(out, sampled, finish)
 
 Pure Python: never imports torch.
@@ -33,10 +40,12 @@ Pure Python: never imports torch.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from sluice.engines.llm.kv_cache import KVCacheManager
 from sluice.engines.llm.request import Request, RequestStatus
+from sluice.engines.llm.speculation import Drafter
 
 
 @dataclass(slots=True)
@@ -47,13 +56,17 @@ class ScheduledRequest:
     request: Request
     num_new_tokens: int  # positions [num_computed_tokens, num_computed_tokens + num_new_tokens) this step
     num_computed_tokens: int = -1  # first position computed this step; -1 -> taken from the request
-    # True when this step computes the request's last known token, so exactly one token must be sampled.
+    # Speculative drafts; they fill the last len(draft_token_ids) of the num_new_tokens positions.
+    draft_token_ids: list[int] = field(default_factory=list)
+    # True when this step computes the request's last known token, so tokens must be sampled: one, or
+    # 1..len(draft_token_ids)+1 when it verifies drafts.
     completes: bool = field(init=False)
 
     def __post_init__(self) -> None:
         if self.num_computed_tokens < 0:
             self.num_computed_tokens = self.request.num_computed_tokens
-        self.completes = self.num_computed_tokens + self.num_new_tokens == self.request.num_tokens
+        end = self.num_computed_tokens + self.num_new_tokens - len(self.draft_token_ids)
+        self.completes = end == self.request.num_tokens
 
 
 @dataclass(slots=True)
@@ -76,9 +89,10 @@ class Scheduler:
         long_prefill_token_threshold: int = 0,
         watermark_blocks: int | None = None,
         max_model_len: int | None = None,
+        drafter: Drafter | None = None,
     ) -> None:
         """``watermark_blocks`` defaults to 1% of the pool (at least 1); ``max_model_len`` (positions the
-        model supports) defaults to no limit other than the pool."""
+        model supports) defaults to no limit other than the pool; ``drafter`` (None = no speculation)."""
         for name, value in (
             ("max_num_seqs", max_num_seqs),
             ("max_num_batched_tokens", max_num_batched_tokens),
@@ -101,6 +115,7 @@ class Scheduler:
         self.long_prefill_token_threshold = long_prefill_token_threshold
         self.watermark_blocks = watermark_blocks
         self.max_model_len = max_model_len
+        self.drafter = drafter
         self.waiting: deque[Request] = deque()  # WAITING and PREEMPTED, front = next to admit
         self.running: list[Request] = []  # RUNNING, in admission order (last = first preemption victim)
         self.requests: dict[str, Request] = {}  # every unfinished request
@@ -180,6 +195,13 @@ class Scheduler:
             if num_new == 0:
                 index += 1
                 continue
+            decoding = num_new == request.num_tokens - request.num_computed_tokens == 1
+            drafts = self._drafts(request, budget) if decoding else []
+            if drafts and self.kv.allocate_slots(request, 1 + len(drafts)):
+                out.scheduled.append(ScheduledRequest(request, 1 + len(drafts), draft_token_ids=drafts))
+                budget -= 1 + len(drafts)
+                index += 1
+                continue
             while not self.kv.allocate_slots(request, num_new):
                 victim = self.running.pop()
                 self._preempt(victim)
@@ -208,14 +230,20 @@ class Scheduler:
         return out
 
     def update(
-        self, output: SchedulerOutput, sampled: dict[str, int], finish: dict[str, RequestStatus]
+        self,
+        output: SchedulerOutput,
+        sampled: Mapping[str, Sequence[int]],
+        finish: Mapping[str, RequestStatus],
     ) -> list[Request]:
         """Apply one step's results; return the requests that finished in it (aborted ones excluded).
 
-        ``sampled``: request_id -> new token, for exactly the scheduled requests whose step ``completes``
-        (entries for requests aborted meanwhile are ignored). ``finish``: request_id -> FINISHED_STOPPED or FINISHED_LENGTH,
-        the engine's stop decisions, only for requests in ``sampled``. Requests reaching max_tokens or
-        max_model_len are finished with FINISHED_LENGTH even if ``finish`` omits them.
+        ``sampled``: request_id -> emitted tokens, for exactly the scheduled requests whose step
+        ``completes`` (entries for requests aborted meanwhile are ignored): one token, or for a request that
+        verified ``k`` drafts its accepted drafts plus one (1..k+1 tokens; the engine may cut the list after
+        a stop token). ``finish``: request_id -> FINISHED_STOPPED or FINISHED_LENGTH, the engine's stop
+        decisions (on the last token of the list), only for requests in ``sampled``. Requests reaching
+        max_tokens or max_model_len are finished with FINISHED_LENGTH even if ``finish`` omits them (tokens
+        past that length are dropped).
 
         Raises ValueError (changing nothing) if ``sampled``/``finish`` do not match the output.
         """
@@ -228,12 +256,16 @@ class Scheduler:
                 raise ValueError(
                     f"stale scheduler output for {item.request.request_id!r}: update applied twice?"
                 )
-        expected = {s.request.request_id for s in live if s.completes}
-        if set(sampled) != expected:
+        expected = {s.request.request_id: len(s.draft_token_ids) for s in live if s.completes}
+        if set(sampled) != set(expected):
             raise ValueError(
                 f"sampled tokens for {sorted(sampled)} but these requests completed their tokens: "
                 f"{sorted(expected)}"
             )
+        for request_id, tokens in sampled.items():
+            if not 1 <= len(tokens) <= expected[request_id] + 1:
+                raise ValueError(f"{len(tokens)} tokens for {request_id!r}, which verified "
+                                 f"{expected[request_id]} drafts: give 1..{expected[request_id] + 1}")  # fmt: skip
         for request_id, decision in finish.items():
             if request_id not in expected:
                 raise ValueError(f"finish decision for {request_id!r}, which sampled no token this step")
@@ -244,12 +276,20 @@ class Scheduler:
         finished: list[Request] = []
         for item in live:
             request = item.request
-            request.num_computed_tokens += item.num_new_tokens
-            self.kv.cache_blocks(request, request.num_computed_tokens)
-            token_id = sampled.get(request.request_id)
-            if token_id is None:
+            emitted = sampled.get(request.request_id)
+            if emitted is None:
+                request.num_computed_tokens += item.num_new_tokens
+                self.kv.cache_blocks(request, request.num_computed_tokens)
                 continue
-            request.output_token_ids.append(token_id)
+            tokens = emitted[: max(1, self.max_len(request) - request.num_tokens)]
+            if item.draft_token_ids and self.drafter is not None:
+                self.drafter.record_verify(request, len(item.draft_token_ids), len(tokens) - 1)
+            # The last token and every accepted draft now have K/V; the newest token does not yet.
+            request.num_computed_tokens = request.num_tokens + len(tokens) - 1
+            request.output_token_ids.extend(tokens)
+            self.kv.cache_blocks(request, request.num_computed_tokens)
+            if item.draft_token_ids:
+                self.kv.trim(request, request.num_computed_tokens)
             status: RequestStatus | None = finish.get(request.request_id)
             if status is None and request.num_tokens >= self.max_len(request):
                 status = RequestStatus.FINISHED_LENGTH
@@ -271,6 +311,14 @@ class Scheduler:
         if self.long_prefill_token_threshold:
             num_new = min(num_new, self.long_prefill_token_threshold)
         return min(num_new, budget)
+
+    def _drafts(self, request: Request, budget: int) -> list[int]:
+        """Draft tokens for a decoding request: within the budget, never past its max length."""
+        if self.drafter is None:
+            return []
+        # k drafts emit up to k + 1 tokens; the request may emit max_len - num_tokens more.
+        max_drafts = min(budget - 1, self.max_len(request) - request.num_tokens - 1)
+        return self.drafter.propose(request, max_drafts, len(self.running)) if max_drafts > 0 else []
 
     def _admit(self, request: Request, num_hit_tokens: int) -> None:
         """WAITING/PREEMPTED -> RUNNING, with prefix hits counted as computed."""

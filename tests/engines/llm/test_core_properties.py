@@ -7,6 +7,11 @@ table. The sampled token is derived from the value of the last position. So a wr
 prefix-cache hit, a lost block after preemption or a block shared by mistake changes the tokens, while a
 correct core gives every request exactly the tokens of its own history, whatever the batch, the budget, the
 pool size or the prefix cache.
+
+With speculation on, the fake model also computes the draft positions (writing their values into the cache,
+as the real model writes their K/V), samples a target at each, and the accepted run is what the real runner
+would emit. Rejected drafts leave wrong values in their slots: a core that does not roll back the request's
+computed length, or reuses those slots before recomputing them, changes the tokens.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from hypothesis import strategies as st
 from sluice.engines.llm.kv_cache import KVCacheManager
 from sluice.engines.llm.request import Request, RequestStatus, SamplingParams
 from sluice.engines.llm.scheduler import Scheduler, SchedulerOutput
+from sluice.engines.llm.speculation import Drafter, accept_drafts
 
 VOCAB = 7  # small, so that prompts share prefixes and generated text repeats
 STOP_TOKEN = 0
@@ -50,17 +56,22 @@ class FakeModel:
         assert stored_position == position, f"{request.request_id}: slot of position {position} holds another"
         return value
 
-    def execute(self, out: SchedulerOutput) -> dict[str, int]:
-        sampled: dict[str, int] = {}
+    def execute(self, out: SchedulerOutput) -> dict[str, list[int]]:
+        sampled: dict[str, list[int]] = {}
         for item in out.scheduled:
-            request = item.request
+            request, drafts = item.request, item.draft_token_ids
             start = request.num_computed_tokens
             for position in range(start, start + item.num_new_tokens):
                 previous = self._read(request, position - 1) if position else 0
-                token_id = request.token_ids_in(position, position + 1)[0]
+                if position < request.num_tokens:
+                    token_id = request.token_ids_in(position, position + 1)[0]
+                else:
+                    token_id = drafts[position - request.num_tokens]
                 self.slots[self._slot(request, position)] = (position, mix(previous, token_id))
             if item.completes:
-                sampled[request.request_id] = sample_from(self._read(request, request.num_tokens - 1))
+                last = request.num_tokens - 1
+                targets = [sample_from(self._read(request, last + j)) for j in range(len(drafts) + 1)]
+                sampled[request.request_id] = accept_drafts(drafts, targets)
         return sampled
 
 
@@ -96,6 +107,7 @@ class Config:
     long_prefill_token_threshold: int
     prefix_caching: bool
     watermark_blocks: int | None
+    num_speculative_tokens: int = 0
 
 
 def check_invariants(scheduler: Scheduler, out: SchedulerOutput | None) -> None:
@@ -128,11 +140,20 @@ def check_invariants(scheduler: Scheduler, out: SchedulerOutput | None) -> None:
         assert len(out.scheduled) <= scheduler.max_num_seqs
         for item in out.scheduled:
             request = item.request
+            num_drafts = len(item.draft_token_ids)
             assert item.num_new_tokens >= 1
-            assert request.num_computed_tokens + item.num_new_tokens <= request.num_tokens
+            assert request.num_computed_tokens + item.num_new_tokens <= request.num_tokens + num_drafts
+            # Drafts only for a decoding request, and never enough to emit past its max length.
+            assert not num_drafts or request.num_computed_tokens == request.num_tokens - 1
+            assert request.num_tokens + num_drafts < scheduler.max_len(request)
             assert len(request.block_ids) * kv.block_size >= request.num_computed_tokens + item.num_new_tokens
             assert request.num_tokens < request.max_num_tokens, "scheduled past its max length"
             assert request.num_cached_tokens < request.num_tokens, "a prefix hit covered the whole prompt"
+    else:
+        # Between steps a running request holds exactly the blocks of its computed positions: the blocks
+        # of rejected drafts were given back.
+        for request in scheduler.running:
+            assert len(request.block_ids) == kv.num_blocks_for(request.num_computed_tokens)
 
 
 def run_workload(
@@ -146,6 +167,7 @@ def run_workload(
         max_num_batched_tokens=config.max_num_batched_tokens,
         long_prefill_token_threshold=config.long_prefill_token_threshold,
         watermark_blocks=config.watermark_blocks,
+        drafter=Drafter(config.num_speculative_tokens, 3, 1, adaptive=False) if config.num_speculative_tokens else None,
     )
     model = FakeModel(config.block_size)
     requests = [
@@ -171,11 +193,11 @@ def run_workload(
         sampled = model.execute(out)
         for request_id in mid_step_aborts:  # aborted while the model runs: update must skip them
             scheduler.abort(request_id)
-        finish = {
-            rid: RequestStatus.FINISHED_STOPPED
-            for rid, token_id in sampled.items()
-            if rid in stops and token_id == STOP_TOKEN
-        }
+        finish: dict[str, RequestStatus] = {}
+        for rid, run in sampled.items():
+            if rid in stops and STOP_TOKEN in run:  # the engine cuts a run after its first stop token
+                sampled[rid] = run[: run.index(STOP_TOKEN) + 1]
+                finish[rid] = RequestStatus.FINISHED_STOPPED
         finished = scheduler.update(out, sampled, finish)
         for request in finished:
             assert request.status in (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH)
@@ -222,7 +244,7 @@ def blocks_needed(spec: Spec, block_size: int) -> int:
 
 
 @st.composite
-def configs(draw: st.DrawFn, specs: list[Spec]) -> Config:
+def configs(draw: st.DrawFn, specs: list[Spec], speculative: bool = False) -> Config:
     block_size = draw(st.sampled_from([1, 2, 4, 16]))
     largest = max(blocks_needed(s, block_size) for s in specs)
     if draw(st.sampled_from([True, True, False])):  # tiny: the largest request barely fits alone
@@ -237,17 +259,16 @@ def configs(draw: st.DrawFn, specs: list[Spec]) -> Config:
         long_prefill_token_threshold=draw(st.sampled_from([0, 0, 1, 5, 16])),
         prefix_caching=draw(st.sampled_from([True, True, False])),  # on by default in the engine
         watermark_blocks=draw(st.sampled_from([None, 0, min(2, num_blocks - 1)])),
+        num_speculative_tokens=draw(st.integers(1, 5)) if speculative else 0,
     )
 
 
 # ---- properties --------------------------------------------------------------------------------------
 
 
-@settings(max_examples=500, deadline=None)
-@given(data=st.data())
-def test_no_leak_and_invariants_under_random_workloads(data: st.DataObject) -> None:
+def _check_no_leak_under_random_workloads(data: st.DataObject, speculative: bool) -> None:
     specs = data.draw(workloads())
-    config = data.draw(configs(specs))
+    config = data.draw(configs(specs, speculative))
     aborts: dict[int, list[tuple[int, bool]]] = {}
     for _ in range(data.draw(st.integers(0, 4))):
         step = data.draw(st.integers(0, 60))
@@ -256,11 +277,26 @@ def test_no_leak_and_invariants_under_random_workloads(data: st.DataObject) -> N
         )
     outputs, scheduler = run_workload(specs, config, aborts)
     event(f"preempted={scheduler.num_preemptions > 0} hits={scheduler.kv.stats.num_hit_tokens > 0}")
+    if scheduler.drafter is not None:
+        event(f"drafts accepted={scheduler.drafter.stats.num_accepted_tokens > 0}")
     for (request_id, output), spec in zip(outputs.items(), specs, strict=True):
         # Aborted requests stop early; every other one gets exactly its own reference tokens.
         expected = reference_output(spec.prompt, spec.max_tokens, spec.stop)
         assert output == expected[: len(output)], request_id
         assert len(output) <= spec.max_tokens
+
+
+@settings(max_examples=500, deadline=None)
+@given(data=st.data())
+def test_no_leak_and_invariants_under_random_workloads(data: st.DataObject) -> None:
+    _check_no_leak_under_random_workloads(data, speculative=False)
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data())
+def test_no_leak_and_invariants_with_speculation(data: st.DataObject) -> None:
+    """Drafts verified and rolled back under tiny pools (preemption), aborts mid-step, chunking, caching."""
+    _check_no_leak_under_random_workloads(data, speculative=True)
 
 
 @settings(max_examples=200, deadline=None)
@@ -300,3 +336,20 @@ def test_tiny_pool_really_preempts_and_still_matches() -> None:
     huge_outputs, _ = run_workload(specs, huge)
     assert scheduler.num_preemptions > 0
     assert tiny_outputs == huge_outputs
+
+
+def test_speculation_accepts_drafts_and_keeps_tokens_under_preemption() -> None:
+    # Repetitive prompts: the n-gram drafter proposes, some drafts are accepted, others rolled back, while a
+    # pool of about two requests' worth preempts. Tokens must be those of the plain run.
+    specs = [Spec([1, 2, 3, 1, 2, 3, 1, 2, i % VOCAB], 40, stop=False, arrival_step=i % 3) for i in range(6)]
+    tiny = Config(num_blocks=28, block_size=4, max_num_seqs=6, max_num_batched_tokens=64,
+                  long_prefill_token_threshold=0, prefix_caching=True, watermark_blocks=0,
+                  num_speculative_tokens=4)  # fmt: skip
+    huge = Config(1000, 4, 6, 64, 0, prefix_caching=False, watermark_blocks=0)
+    spec_outputs, scheduler = run_workload(specs, tiny)
+    plain_outputs, _ = run_workload(specs, huge)
+    assert scheduler.drafter is not None
+    stats = scheduler.drafter.stats
+    assert scheduler.num_preemptions > 0
+    assert 0 < stats.num_accepted_tokens < stats.num_draft_tokens
+    assert spec_outputs == plain_outputs

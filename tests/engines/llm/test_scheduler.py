@@ -26,7 +26,7 @@ def step(
 ) -> tuple[SchedulerOutput, list]:
     """One engine step with a model that always samples token 7."""
     out = scheduler.schedule()
-    sampled = {item.request.request_id: 7 for item in out.scheduled if item.completes}
+    sampled = {item.request.request_id: [7] for item in out.scheduled if item.completes}
     return out, scheduler.update(out, sampled, finish or {})
 
 
@@ -152,7 +152,7 @@ def test_engine_stop_and_length_limits_finish_requests() -> None:
         out = scheduler.schedule()
         for item in out.scheduled:  # never a position at or past the request's length
             assert item.request.num_computed_tokens + item.num_new_tokens < scheduler.max_len(item.request)
-        scheduler.update(out, {item.request.request_id: 7 for item in out.scheduled if item.completes}, {})
+        scheduler.update(out, {item.request.request_id: [7] for item in out.scheduled if item.completes}, {})
     assert capped.status == S.FINISHED_LENGTH and capped.num_tokens == 12  # max_model_len
     assert limited.status == S.FINISHED_LENGTH and len(limited.output_token_ids) == 4  # max_tokens
 
@@ -219,7 +219,7 @@ def test_abort_frees_blocks_in_any_state_and_mid_step() -> None:
     scheduler.add(mid)
     out = scheduler.schedule()
     scheduler.abort("mid")  # while the model runs
-    assert scheduler.update(out, {"mid": 7}, {}) == []  # its sample is ignored
+    assert scheduler.update(out, {"mid": [7]}, {}) == []  # its sample is ignored
     assert mid.output_token_ids == [] and not scheduler.has_unfinished()
 
 
@@ -228,7 +228,7 @@ def test_update_rejects_samples_that_do_not_match_the_step() -> None:
     scheduler.add(req("long", 10))
     out = scheduler.schedule()  # a 4-token chunk: no token may be sampled yet
     with pytest.raises(ValueError, match="sampled"):
-        scheduler.update(out, {"long": 7}, {})
+        scheduler.update(out, {"long": [7]}, {})
     assert scheduler.update(out, {}, {}) == []
     assert scheduler.requests["long"].num_computed_tokens == 4
 
@@ -237,7 +237,7 @@ def test_an_output_cannot_be_applied_twice() -> None:
     scheduler = make()
     scheduler.add(req("r", 5, max_tokens=3))
     out = scheduler.schedule()
-    scheduler.update(out, {"r": 7}, {})
+    scheduler.update(out, {"r": [7]}, {})
     with pytest.raises(ValueError, match="stale"):
-        scheduler.update(out, {"r": 7}, {})
+        scheduler.update(out, {"r": [7]}, {})
     assert scheduler.requests["r"].output_token_ids == [7]
