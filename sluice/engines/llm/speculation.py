@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from sluice.engines.llm.request import Request
 
 _PRIOR_WEIGHT = 2.0  # pseudo-observations of the engine-wide acceptance rate behind each request's estimate
+_PRIOR_FLOOR = 0.2  # the prior never drops below this, so drafting is retried where it is cheap
 _DECAY_ON_VERIFY = 0.8  # weight of a request's older evidence after each verify (recent text matters most)
 _DECAY_IDLE = 0.95  # per step without drafts: evidence fades, so a request gated off is retried later
 _MIN_STEPS_FOR_MODEL = 8  # steps the cost model sees before it gates anything
@@ -197,7 +198,7 @@ class Drafter:
         # What one emitted token costs now: a plain decode step of the running batch, shared by its requests.
         batch = max(1, num_running)
         s_per_emitted = (fixed_s + per_token_s * batch) / batch
-        prior = self.stats.per_draft_acceptance
+        prior = max(_PRIOR_FLOOR, self.stats.per_draft_acceptance)
         accept = (request.spec_recent_accepted + _PRIOR_WEIGHT * prior) / (
             request.spec_recent_evaluated + _PRIOR_WEIGHT
         )
