@@ -5,7 +5,7 @@ runner gets its own ``CollectorRegistry`` (never the global one): several pipeli
 
 LLM engines: an engine whose ``stats`` attribute (or property) returns an object with any of the fields
 ``num_running``, ``num_waiting``, ``kv_usage``, ``prefix_cache_hit_rate``, ``num_preemptions``,
-``num_prompt_tokens``, ``num_output_tokens`` gets those exported too (fields it lacks are skipped).
+``num_prompt_tokens``, ``num_output_tokens``, ``spec_acceptance_rate`` gets those exported too (fields it lacks are skipped).
 Token rates are counters (use ``rate()``); the status tick also keeps a tokens/s gauge.
 """
 
@@ -35,6 +35,8 @@ _LLM_FIELDS: tuple[tuple[str, str, str, str], ...] = (
     ("num_preemptions", "sluice_llm_preemptions", "counter", "Requests preempted (recomputed later)"),
     ("num_prompt_tokens", "sluice_llm_prompt_tokens", "counter", "Prompt tokens of admitted requests"),
     ("num_output_tokens", "sluice_llm_output_tokens", "counter", "Tokens generated"),
+    ("spec_acceptance_rate", "sluice_llm_spec_acceptance_ratio", "gauge",
+     "Speculative draft tokens accepted / verified"),
 )
 
 

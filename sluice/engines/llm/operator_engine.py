@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from sluice.engines.base import ContinuousEngine, EngineContext, EngineStartError, RecordError
 from sluice.engines.registry import EngineType
@@ -61,6 +61,17 @@ class LLMOptions(BaseModel):
     num_threads: int | None = Field(default=None, ge=1)
     device: str = "auto"
     dtype: str = "auto"
+    # Prompt-lookup speculative decoding (0 = off): drafts copied from the prompt, verified in the batch.
+    num_speculative_tokens: int = Field(default=0, ge=0, le=16)
+    speculative_ngram_max: int = Field(default=3, ge=1)
+    speculative_ngram_min: int = Field(default=1, ge=1)
+
+    @model_validator(mode="after")
+    def _ngram_range(self) -> LLMOptions:
+        if self.speculative_ngram_min > self.speculative_ngram_max:
+            raise ValueError(f"speculative_ngram_min ({self.speculative_ngram_min}) must be <= "
+                             f"speculative_ngram_max ({self.speculative_ngram_max})")  # fmt: skip
+        return self
 
     @field_validator("user_template")
     @classmethod
@@ -91,6 +102,9 @@ class LLMStats:
     num_preemptions: int
     num_prompt_tokens: int
     num_output_tokens: int
+    spec_acceptance_rate: float = 0.0  # 0..1, speculative drafts accepted / verified (0 when off)
+    num_draft_tokens: int = 0
+    num_accepted_draft_tokens: int = 0
 
 
 class LLMEngine(ContinuousEngine):
@@ -119,7 +133,9 @@ class LLMEngine(ContinuousEngine):
         try:
             self.llm = LLM(o.model, max_num_seqs=o.max_num_seqs, max_num_batched_tokens=o.max_num_batched_tokens,
                            max_model_len=o.max_model_len, num_threads=o.num_threads, device=o.device,
-                           dtype=o.dtype, **extra)
+                           dtype=o.dtype, num_speculative_tokens=o.num_speculative_tokens,
+                           speculative_ngram_max=o.speculative_ngram_max,
+                           speculative_ngram_min=o.speculative_ngram_min, **extra)
         except (OSError, ValueError, TypeError) as err:
             raise EngineStartError(f"cannot load model {o.model!r}: {err}") from None
         if self.llm.tokenizer is None:
@@ -194,15 +210,20 @@ class LLMEngine(ContinuousEngine):
         return LLMStats(num_running=llm.scheduler.num_running, num_waiting=llm.scheduler.num_waiting,
                         kv_usage=s.kv_usage, prefix_cache_hit_rate=s.prefix_cache_hit_rate,
                         num_preemptions=s.num_preemptions, num_prompt_tokens=s.num_prompt_tokens,
-                        num_output_tokens=s.num_output_tokens)
+                        num_output_tokens=s.num_output_tokens, spec_acceptance_rate=s.spec_acceptance_rate,
+                        num_draft_tokens=s.num_draft_tokens, num_accepted_draft_tokens=s.num_accepted_draft_tokens)
 
     def close(self) -> None:
         llm = getattr(self, "llm", None)
         if llm is not None:
             s = llm.stats
+            spec = ""
+            if s.num_draft_tokens:
+                spec = (f", speculative drafts accepted {100 * s.spec_acceptance_rate:.1f}% "
+                        f"({s.num_accepted_draft_tokens}/{s.num_draft_tokens})")  # fmt: skip
             log.info("llm engine: %d prompt tokens, %d output tokens, prefix-cache hit rate %.1f%%, "
-                     "%d preemptions", s.num_prompt_tokens, s.num_output_tokens, 100 * s.prefix_cache_hit_rate,
-                     s.num_preemptions)
+                     "%d preemptions%s", s.num_prompt_tokens, s.num_output_tokens, 100 * s.prefix_cache_hit_rate,
+                     s.num_preemptions, spec)
 
     def _answer(self, text: str) -> Any:
         if self.options.parse == "none":

@@ -249,3 +249,28 @@ def test_greedy_outputs_are_identical_with_speculation_smollm2(smollm2_gguf: Pat
     assert [o.token_ids for o in got] == [o.token_ids for o in expected]
     assert llm.stats.spec_acceptance_rate > 0.2  # the answers copy the record
     assert llm.stats.num_steps - plain_steps < plain_steps
+
+
+# ---- pipeline options -----------------------------------------------------------------------------------
+
+
+def test_pipeline_options_turn_speculation_on_and_report_acceptance(tiny: Path) -> None:
+    from pydantic import ValidationError
+
+    from sluice.engines.base import EngineContext
+    from sluice.engines.llm.operator_engine import LLMEngine, LLMOptions, Prompt
+
+    with pytest.raises(ValidationError, match="speculative_ngram_min"):
+        LLMOptions(model=str(tiny), speculative_ngram_min=4, speculative_ngram_max=2)
+    options = LLMOptions(model=str(tiny), num_speculative_tokens=3, speculative_ngram_max=4, kv_cache_memory_mb=4)
+    engine = LLMEngine(options, EngineContext(max_batch_size=8))
+    engine.start()
+    assert (engine.llm.config.num_speculative_tokens, engine.llm.config.speculative_ngram_max) == (3, 4)
+    for key, prompt in enumerate(_repetitive_prompts(6, seed=3)):  # the tiny model has no chat template
+        engine.add(key, Prompt(prompt, SamplingParams(max_tokens=32)))
+    while engine.has_unfinished():
+        engine.step()
+    stats = engine.stats
+    assert stats is not None and stats.num_draft_tokens > 0
+    assert stats.spec_acceptance_rate == stats.num_accepted_draft_tokens / stats.num_draft_tokens
+    engine.close()
