@@ -126,24 +126,26 @@ class Batcher(Generic[T]):
         heads = [b.entries[0].deadline_s for b in self._buckets.values() if b.entries]
         return min(heads) if heads else None
 
-    def next_batch(self, now: float, max_size: int | None = None) -> list[T] | None:
+    def next_batch(self, now: float, max_size: int | None = None, horizon_s: float = 0.0) -> list[T] | None:
         """Close and return the batch that is due at ``now``, or None when no batch is due yet.
 
         Call it only when the engine can take a batch: a due batch keeps growing until then. ``max_size``
-        lowers ``max_batch_size`` for this call (after the engine ran out of memory, say).
+        lowers ``max_batch_size`` for this call (after the engine ran out of memory, say). ``horizon_s`` is
+        how long the engine is expected to take: a record whose deadline falls within it joins a batch due by
+        time like an expired one, because waiting for its own turn would find the engine busy and make it late.
         """
         size = self.policy.max_batch_size if max_size is None else max(1, min(max_size, self.policy.max_batch_size))
         key = self._due_bucket(now, size)
         if key is None:
             return None
-        return self._take(key, now, size)
+        return self._take(key, now, size, now + max(0.0, horizon_s))
 
     def drain(self) -> list[list[T]]:
         """Every queued item, cut into batches that respect the size and token caps (for shutdown)."""
         batches = []
         while self._count:
             key = min(self._buckets, key=lambda k: self._buckets[k].entries[0].seq)
-            batches.append(self._take(key, float("inf"), self.policy.max_batch_size))
+            batches.append(self._take(key, float("inf"), self.policy.max_batch_size, float("inf")))
         return batches
 
     def remove(self, predicate: Callable[[T], bool]) -> list[T]:
@@ -181,9 +183,15 @@ class Batcher(Generic[T]):
                 full_key, full_seq = key, head.seq
         return expired_key if expired_key is not None else full_key
 
-    def _take(self, key: int, now: float, size: int) -> list[T]:
+    def _take(self, key: int, now: float, size: int, late_s: float) -> list[T]:
         """Cut one batch starting from bucket ``key``; top it up from neighbouring buckets if it is due by
-        time and still has room, so expired records elsewhere are not left behind."""
+        time and still has room, so expired records elsewhere are not left behind.
+
+        From a neighbouring bucket a record due by ``late_s`` always comes along (leaving it would only make
+        it wait for the engine), but one that may still wait joins only if it adds at most ``bucket_width``
+        padded tokens: padding a batch of short records up to a long one can cost more engine time than a
+        second call, and at moderate load that extra time is what makes later records wait past their deadline.
+        """
         p = self.policy
         batch: list[_Entry[T]] = []
         longest = 0
@@ -198,6 +206,10 @@ class Batcher(Generic[T]):
                 new_longest = max(longest, entry.length)
                 if batch and p.max_batch_tokens is not None and (len(batch) + 1) * new_longest > p.max_batch_tokens:
                     break
+                if k != key and entry.deadline_s > late_s:
+                    added_padding = (new_longest - entry.length) + len(batch) * (new_longest - longest)
+                    if added_padding > p.bucket_width:
+                        break
                 batch.append(bucket.popleft())
                 longest = new_longest
             if not bucket.entries:

@@ -21,6 +21,8 @@ from sluice.operator.record import Pending
 
 log = logging.getLogger(__name__)
 
+_SERVICE_SMOOTHING = 0.2  # weight of the newest batch in the engine-time estimate
+
 
 @dataclass
 class SharedState:
@@ -56,6 +58,8 @@ class EngineWorker(threading.Thread):
         self.observer = observer
         self.governor = BatchSizeGovernor(state.batcher.policy.max_batch_size)
         self.error: BaseException | None = None
+        # Recent batches' engine time, smoothed: records coming due within it join the next batch due by time.
+        self.service_estimate_s = 0.0
 
     def run(self) -> None:
         try:
@@ -92,7 +96,7 @@ class EngineWorker(threading.Thread):
                             due_at, limit = float("inf"), min(limit, decision.size)
                         else:
                             wake_at = min(wake_at, decision.wake_at_s)
-                    batch = s.batcher.next_batch(due_at, limit)
+                    batch = s.batcher.next_batch(due_at, limit, self.service_estimate_s)
                     if batch:
                         s.busy = True
                         s.num_batches += 1
@@ -108,6 +112,7 @@ class EngineWorker(threading.Thread):
         outcomes = infer_isolating(self.engine.infer, [p.item for p in batch], self.governor)
         num_failed = sum(1 for o in outcomes if isinstance(o, Failed))
         infer_s = self.clock() - started_s
+        self.service_estimate_s += _SERVICE_SMOOTHING * (infer_s - self.service_estimate_s)
         if self.state.adaptive is not None and not num_failed:
             with self.state.cond:
                 self.state.adaptive.service.observe(len(batch), infer_s)

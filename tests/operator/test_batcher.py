@@ -70,6 +70,38 @@ def test_expired_bucket_is_topped_up_with_neighbouring_lengths() -> None:
     assert b.next_batch(now=0.01) == ["a", "near", "far"]
 
 
+def test_top_up_leaves_a_waiting_record_that_would_pad_the_batch() -> None:
+    b: Batcher[str] = Batcher(BatchPolicy(max_batch_size=4, max_queue_delay_s=0.01, bucket_by_length=True,
+                                          bucket_width=8))
+    b.add("a", now=0.0, length=4)
+    b.add("b", now=0.0, length=5)
+    b.add("near", now=0.005, length=12)  # not yet due
+    b.add("far", now=0.005, length=100)  # not yet due; would pad two short records to 100 tokens
+    assert b.next_batch(now=0.01) == ["a", "b"]  # 'near' adds 7 + 7 = 14 > 8 padded tokens: it waits too
+    assert b.next_batch(now=0.014) is None
+    assert b.next_batch(now=0.015) == ["near", "far"]  # due now: expired neighbours always come along
+
+
+def test_top_up_takes_a_waiting_record_when_the_padding_is_small() -> None:
+    b: Batcher[str] = Batcher(BatchPolicy(max_batch_size=4, max_queue_delay_s=0.01, bucket_by_length=True,
+                                          bucket_width=8))
+    b.add("a", now=0.0, length=8)
+    b.add("longer", now=0.005, length=20)  # bucket 3: pads "a" by 12 > 8 tokens, so it waits
+    b.add("close", now=0.005, length=14)  # bucket 2: pads "a" by 6 <= 8 tokens, so it joins
+    assert b.next_batch(now=0.01) == ["a", "close"]
+
+
+def test_records_coming_due_while_the_engine_works_join_the_batch() -> None:
+    b: Batcher[str] = Batcher(BatchPolicy(max_batch_size=8, max_queue_delay_s=0.05, bucket_by_length=True,
+                                          bucket_width=8))
+    b.add("short", now=0.0, length=4)
+    b.add("long-soon", now=0.04, length=120)  # due at 0.09: within the 50 ms the engine is expected to take
+    b.add("longer-later", now=0.08, length=200)  # due at 0.13, after this batch: it waits its turn
+    assert b.next_batch(now=0.05, horizon_s=0.05) == ["short", "long-soon"]
+    assert b.next_batch(now=0.10) is None
+    assert b.next_batch(now=0.13) == ["longer-later"]
+
+
 def test_remove_takes_out_only_matching_items() -> None:
     b: Batcher[int] = Batcher(BatchPolicy(max_batch_size=10, max_queue_delay_s=1.0))
     for i in range(6):
