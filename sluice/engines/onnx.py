@@ -56,6 +56,9 @@ class OnnxOptions(BaseModel):
         default_factory=lambda: list(onnx_providers.DEFAULT_PROVIDERS), min_length=1)
     intra_op_num_threads: int | None = Field(default=None, ge=0)  # None/0: onnxruntime's default
     inter_op_num_threads: int | None = Field(default=None, ge=0)
+    # onnxruntime's worker threads busy-wait between operators by default. That wins in a loop that does
+    # nothing else, but here the intake (decode, tokenise) and emitter threads need the same cores.
+    intra_op_spinning: bool = False
     task: Literal["text-embedding", "raw"] = "text-embedding"
     inputs: dict[str, str] = Field(default_factory=dict)  # raw task: model input name -> record field
     max_length: int = Field(default=256, ge=2, le=65_536)  # text-embedding: truncate to this many tokens
@@ -99,6 +102,8 @@ class OnnxEngine(BatchEngine):
         session_options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         if self.options.intra_op_num_threads is not None:
             session_options.intra_op_num_threads = self.options.intra_op_num_threads
+        if not self.options.intra_op_spinning:
+            session_options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         if self.options.inter_op_num_threads is not None:
             session_options.inter_op_num_threads = self.options.inter_op_num_threads
         try:
