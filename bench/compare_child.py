@@ -62,20 +62,27 @@ def run_sluice(spec: dict[str, Any]) -> None:
 
         def __init__(self) -> None:
             self.waits_ms: dict[str, list[float]] = {}  # by the record's "phase" (load level)
+            self.batches: dict[str, list[tuple[int, float]]] = {}  # phase -> (batch size, engine ms)
 
         def batch_started(self, batch: Sequence[Pending], now_s: float) -> Any:
+            phase = "None"
             for p in batch:
                 phase = str(p.document.get("phase")) if isinstance(p.document, dict) else "None"
                 self.waits_ms.setdefault(phase, []).append((now_s - p.record.received_s) * 1000)
-            return None
+            return phase
+
+        def batch_finished(self, handle: Any, batch: Sequence[Pending], infer_s: float, num_failed: int) -> None:
+            self.batches.setdefault(handle, []).append((len(batch), infer_s * 1000))
 
     if spec["workload"] == "noop":
         engine = 'engine: {type: python, function: "examples.functions.text:noop"}'
         field, bucket = "result", ""
     else:
+        extra = "".join(f", {k}: {json.dumps(v)}" for k, v in spec.get("engine_options", {}).items())
         engine = (f"engine: {{type: onnx, model: minilm-l6, providers: [cpu], intra_op_num_threads: "
-                  f"{spec['threads']}, inter_op_num_threads: 1}}")
+                  f"{spec['threads']}, inter_op_num_threads: 1{extra}}}")
         field, bucket = "embedding", f", bucket_by: {spec.get('bucket_by', 'tokens')}"
+    bucket += "".join(f", {k}: {json.dumps(v)}" for k, v in spec.get("batching_options", {}).items())
     text = f"""
 source: {{kafka: {{bootstrap_servers: "{spec['bootstrap']}", topics: [{spec['topic_in']}], group_id: {spec['group']}}}}}
 codec: {{format: json, input_field: text}}
@@ -90,7 +97,7 @@ runtime: {{max_in_flight: 20000, drain_timeout_s: 60}}
     signal.signal(signal.SIGTERM, lambda *_: runner.stop())
     runner.run()
     model.close()
-    print(json.dumps({"queue_wait_ms": observer.waits_ms}), flush=True)
+    print(json.dumps({"queue_wait_ms": observer.waits_ms, "batches": observer.batches}), flush=True)
 
 
 def run_plain(spec: dict[str, Any]) -> None:
