@@ -1,12 +1,12 @@
 """Adaptive batching to a latency target: the batcher learns the engine and chooses each batch's size.
 
 The user states ``latency_target_ms`` (a record's queue wait + service). The policy keeps two online
-estimates -- the engine's service time as a function of batch size ``s(b)`` (least squares over the
-latest batches, with a quadratic term for engines whose per-record cost grows with the batch, like padded
-batches on a CPU) and the arrival rate -- and makes the classic choice each time the engine is free: wait
-for the largest batch that serves more records per second (``b / s(b)`` at least ``min_gain`` better than
-going now) and whose oldest record, waiting for the batch to fill at the current arrival rate and then
-being served, still finishes within the target:
+estimates -- the engine's service time ``s(b)`` as a function of batch size and padded tokens (least
+squares over the latest batches, with a quadratic token term for engines whose cost per token grows with
+the batch, like a CPU whose caches a large batch overflows) and the arrival rate -- and makes the classic
+choice each time the engine is free: wait for the largest batch that serves more records per second
+(``b / s(b)`` at least ``min_gain`` better than going now) and whose oldest record, waiting for the batch
+to fill at the current arrival rate and then being served, still finishes within the target:
 
     age(oldest) + (b - queued) / rate + s(b) <= target * safety
 
@@ -38,48 +38,73 @@ class Decision:
     rate_per_s: float  # arrival-rate estimate used
 
 
-class ServiceModel:
-    """Service time ``fixed + per_item * b + per_item2 * b**2``, least squares over the latest batches.
+@dataclass(frozen=True, slots=True)
+class ServiceCost:
+    """``fixed + per_item * n + per_token * T + per_token2 * T**2`` seconds for ``n`` records padded to
+    ``T`` tokens in all. Without token lengths (``T == n``) the token terms carry the per-record cost."""
 
-    The quadratic term captures engines whose cost per record grows with the batch (padding on a CPU);
-    the fixed term is what batching amortises (kernel launches and weight reads on a GPU).
+    fixed_s: float
+    per_item_s: float
+    per_token_s: float
+    per_token2_s: float
+
+    def __call__(self, num_items: float, num_tokens: float) -> float:
+        return (self.fixed_s + self.per_item_s * num_items + self.per_token_s * num_tokens
+                + self.per_token2_s * num_tokens * num_tokens)
+
+
+class ServiceModel:
+    """Service time as a function of batch size and padded tokens, least squares over the latest batches.
+
+    The fixed term is what batching amortises (kernel launches and weight reads on a GPU); the per-token
+    terms are the work itself, the quadratic one for engines whose cost per token grows with the batch (a
+    CPU whose caches a large batch overflows, attention over long padded rows). Batch sizes are turned
+    into tokens with the recent mean of padded tokens per record.
     """
 
     def __init__(self, window: int = 128, prior_fixed_s: float = 0.001, prior_per_item_s: float = 0.0001) -> None:
-        self._obs: deque[tuple[float, float]] = deque(maxlen=window)
-        self._prior = (prior_fixed_s, prior_per_item_s, 0.0)
-        self._coef: tuple[float, float, float] | None = None
+        self._obs: deque[tuple[float, float, float]] = deque(maxlen=window)  # (records, padded tokens, s)
+        self._prior = ServiceCost(prior_fixed_s, 0.0, prior_per_item_s, 0.0)
+        self._cost: ServiceCost | None = None
+        self.tokens_per_item = 1.0  # recent mean padded tokens per record (1 when lengths are not measured)
 
-    def observe(self, batch_size: int, service_s: float) -> None:
-        self._obs.append((float(batch_size), service_s))
-        self._coef = None
+    def observe(self, batch_size: int, service_s: float, padded_tokens: int | None = None) -> None:
+        tokens = float(padded_tokens if padded_tokens is not None else batch_size)
+        self._obs.append((float(batch_size), tokens, service_s))
+        self.tokens_per_item += 0.1 * (tokens / max(1, batch_size) - self.tokens_per_item)
+        self._cost = None
 
-    def predict(self, batch_size: int) -> float:
-        fixed, per_item, per_item2 = self.coefficients()
-        return fixed + per_item * batch_size + per_item2 * batch_size * batch_size
+    def predict(self, batch_size: int, padded_tokens: float | None = None) -> float:
+        """Seconds for ``batch_size`` records (padded to ``padded_tokens``; default: the recent mean)."""
+        tokens = padded_tokens if padded_tokens is not None else batch_size * self.tokens_per_item
+        return self.cost()(batch_size, tokens)
 
-    def coefficients(self) -> tuple[float, float, float]:
-        if self._coef is None:
-            self._coef = self._fit()
-        return self._coef
+    def cost(self) -> ServiceCost:
+        if self._cost is None:
+            self._cost = self._fit()
+        return self._cost
 
-    def _fit(self) -> tuple[float, float, float]:
-        sizes = {b for b, _ in self._obs}
-        if not sizes:
+    def _fit(self) -> ServiceCost:
+        if not self._obs:
             return self._prior
-        b = np.array([o[0] for o in self._obs])
-        t = np.array([o[1] for o in self._obs])
-        if len(sizes) == 1:  # one batch size seen: cannot split fixed from per-item cost
-            return 0.0, float(t.mean() / b[0]), 0.0
-        columns = [np.ones_like(b), b] + ([b * b] if len(sizes) >= 3 else [])
-        coef = np.linalg.lstsq(np.stack(columns, axis=1), t, rcond=None)[0]
-        fixed, per_item = max(0.0, float(coef[0])), float(coef[1])
-        per_item2 = max(0.0, float(coef[2])) if len(coef) == 3 else 0.0
-        if per_item < 0:  # keep the model increasing in b
-            per_item = 0.0
-        if fixed == 0.0 and per_item == 0.0 and per_item2 == 0.0:
-            per_item = float((t / b).mean())
-        return fixed, per_item, per_item2
+        n = np.array([o[0] for o in self._obs])
+        tokens = np.array([o[1] for o in self._obs])
+        t = np.array([o[2] for o in self._obs])
+        sizes, token_counts = set(n.tolist()), set(tokens.tolist())
+        if len(token_counts) == 1:  # one shape seen: cannot split fixed from per-token cost
+            return ServiceCost(0.0, 0.0, float(t.mean() / tokens[0]), 0.0)
+        with_items = not np.array_equal(n, tokens) and len(sizes) > 1  # lengths measured: n and T differ
+        columns = [np.ones_like(n)] + ([n] if with_items else []) + [tokens]
+        if len(token_counts) >= 3:
+            columns.append(tokens * tokens)
+        coef = [float(c) for c in np.linalg.lstsq(np.stack(columns, axis=1), t, rcond=None)[0]]
+        fixed = max(0.0, coef.pop(0))
+        per_item = max(0.0, coef.pop(0)) if with_items else 0.0
+        per_token = max(0.0, coef.pop(0))  # keep the model increasing
+        per_token2 = max(0.0, coef.pop(0)) if coef else 0.0
+        if fixed == per_item == per_token == per_token2 == 0.0:
+            per_token = float((t / tokens).mean())
+        return ServiceCost(fixed, per_item, per_token, per_token2)
 
 
 class ArrivalRate:

@@ -94,6 +94,7 @@ class Batcher(Generic[T]):
         self._buckets: dict[int, _Bucket[T]] = {}
         self._seq = 0
         self._count = 0
+        self.last_padded_tokens = 0  # the last batch taken: its size x its longest length
 
     def __len__(self) -> int:
         return self._count
@@ -217,4 +218,5 @@ class Batcher(Generic[T]):
             if len(batch) >= size:
                 break
         self._count -= len(batch)
+        self.last_padded_tokens = len(batch) * longest
         return [e.item for e in batch]

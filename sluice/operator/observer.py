@@ -45,6 +45,10 @@ class Observer:
     def batch_finished(self, handle: Any, batch: Sequence[Pending], infer_s: float, num_failed: int) -> None:
         """Engine thread: the engine returned for ``batch`` after ``infer_s`` seconds (bisection included)."""
 
+    def batching_decided(self, decision: Any) -> None:
+        """Engine thread, with ``latency_target_ms`` only: the adaptive batcher's latest
+        :class:`~sluice.operator.adaptive.Decision` (chosen size, predicted service, arrival rate)."""
+
     def output_headers(self, record: InputRecord, stage: str | None) -> list[tuple[str, bytes]]:
         """Either thread, per produced record when ``injects_headers``: extra headers for the output of
         ``record`` (``stage`` is None for an output, the failing stage for a dead-letter record)."""

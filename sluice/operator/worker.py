@@ -92,6 +92,7 @@ class EngineWorker(threading.Thread):
                         decision = s.adaptive.decide(now, len(s.batcher),
                                                      wake_at - s.batcher.policy.max_queue_delay_s)
                         log.debug("adaptive batching: %s", decision)
+                        self.observer.batching_decided(decision)
                         if decision.dispatch_now:
                             due_at, limit = float("inf"), min(limit, decision.size)
                         else:
@@ -107,6 +108,7 @@ class EngineWorker(threading.Thread):
                 s.cond.wait(None if wake_at is None or s.hold else max(0.0, wake_at - now))
 
     def _process(self, batch: list[Pending]) -> None:
+        padded_tokens = self.state.batcher.last_padded_tokens  # set when the batch was taken (under the lock)
         started_s = self.clock()
         handle = self.observer.batch_started(batch, started_s)
         outcomes = infer_isolating(self.engine.infer, [p.item for p in batch], self.governor)
@@ -115,6 +117,6 @@ class EngineWorker(threading.Thread):
         self.service_estimate_s += _SERVICE_SMOOTHING * (infer_s - self.service_estimate_s)
         if self.state.adaptive is not None and not num_failed:
             with self.state.cond:
-                self.state.adaptive.service.observe(len(batch), infer_s)
+                self.state.adaptive.service.observe(len(batch), infer_s, padded_tokens)
         self.observer.batch_finished(handle, batch, infer_s, num_failed)
         self.settle(batch, outcomes)

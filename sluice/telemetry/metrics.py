@@ -45,11 +45,13 @@ class OperatorCollector(Collector):
 
     def __init__(self, stats: OperatorStats, pipeline: str,
                  engine_stats: Callable[[], Any] | None = None,
-                 token_rates: Callable[[], tuple[float, float] | None] | None = None) -> None:
+                 token_rates: Callable[[], tuple[float, float] | None] | None = None,
+                 batching: Callable[[], Any] | None = None) -> None:
         self.stats = stats
         self.pipeline = pipeline
         self.engine_stats = engine_stats
         self.token_rates = token_rates
+        self.batching = batching  # the adaptive batcher's latest decision, or None
 
     def describe(self) -> list[Metric]:
         return []  # families are only known at collect time (LLM fields depend on the engine)
@@ -85,7 +87,19 @@ class OperatorCollector(Collector):
         if s.warmup_s is not None:
             yield _gauge("sluice_engine_warmup_seconds", "Engine start: model load and warm-up", labels, values,
                          s.warmup_s)
+        yield from self._adaptive(labels, values)
         yield from self._llm()
+
+    def _adaptive(self, labels: list[str], values: list[str]) -> Iterator[Metric]:
+        decision = self.batching() if self.batching is not None else None
+        if decision is None:
+            return
+        yield _gauge("sluice_adaptive_batch_size_records", "Batch size the adaptive batcher chose last",
+                     labels, values, decision.size)
+        yield _gauge("sluice_adaptive_predicted_service_seconds", "Engine time it predicted for that batch",
+                     labels, values, decision.service_s)
+        yield _gauge("sluice_adaptive_arrival_rate_per_second", "Arrival rate it estimated, records/s",
+                     labels, values, decision.rate_per_s)
 
     def _llm(self) -> Iterator[Metric]:
         if self.engine_stats is None:

@@ -59,13 +59,14 @@ class TelemetryObserver(Observer):
         self._engine: Any = None
         self._tokens: tuple[float, float, float] | None = None  # (now_s, prompt, output) at the last tick
         self.token_rates: tuple[float, float] | None = None  # (prompt, output) tokens/s over the last tick
+        self.batching: Any = None  # the adaptive batcher's latest decision (latency_target_ms only)
         self.server: TelemetryServer | None = None
         if cfg.metrics.enabled:
             from sluice.telemetry.http import TelemetryServer
             from sluice.telemetry.metrics import OperatorCollector, new_registry
 
             collector = OperatorCollector(self.stats, pipeline.name, engine_stats=self._engine_stats,
-                                          token_rates=lambda: self.token_rates)
+                                          token_rates=lambda: self.token_rates, batching=lambda: self.batching)
             self.registry = new_registry(collector)
             self.server = TelemetryServer(cfg.metrics.host, cfg.metrics.port, self.registry, self.readiness)
 
@@ -135,6 +136,9 @@ class TelemetryObserver(Observer):
             self.stats.record_infer(infer_s)
         if self.tracer is not None:
             self.tracer.batch_finished(handle, num_failed)
+
+    def batching_decided(self, decision: Any) -> None:
+        self.batching = decision  # one reference swap: read at scrape time from the HTTP thread
 
     def output_headers(self, record: InputRecord, stage: str | None) -> list[tuple[str, bytes]]:
         t = record.trace

@@ -120,9 +120,9 @@ def test_service_model_learns_fixed_and_per_item_costs() -> None:
     model = ServiceModel()
     for b in [1, 4, 16, 64, 8, 32] * 20:
         model.observe(b, 0.004 + 0.0003 * b)
-    fixed, per_item, per_item2 = model.coefficients()
-    assert fixed == pytest.approx(0.004, rel=0.05) and per_item == pytest.approx(0.0003, rel=0.05)
-    assert per_item2 == pytest.approx(0.0, abs=1e-7)
+    cost = model.cost()
+    assert cost.fixed_s == pytest.approx(0.004, rel=0.05) and cost.per_token_s == pytest.approx(0.0003, rel=0.05)
+    assert cost.per_token2_s == pytest.approx(0.0, abs=1e-7)
     assert model.predict(10) == pytest.approx(0.007, rel=0.05)
 
 
@@ -131,6 +131,24 @@ def test_service_model_sees_a_cost_per_record_that_grows_with_the_batch() -> Non
     for b in [1, 4, 16, 64, 8, 32] * 20:
         model.observe(b, 0.002 * b + 0.00005 * b * b)  # a CPU padding batches: no fixed cost to amortise
     assert model.predict(64) == pytest.approx(0.002 * 64 + 0.00005 * 64 * 64, rel=0.05)
+
+
+def test_service_model_separates_per_record_and_per_token_costs() -> None:
+    # an embedding engine: a fixed cost per call, a little per record (pooling), the rest per padded token,
+    # growing once a batch overflows the cache
+    def engine_s(n: int, tokens: int) -> float:
+        return 0.0025 + 0.0001 * n + 0.00008 * tokens + 2e-8 * tokens * tokens
+
+    rng = random.Random(3)
+    model = ServiceModel()
+    for _ in range(128):
+        n = rng.randint(1, 32)
+        tokens = n * rng.choice([8, 16, 32, 64, 128])
+        model.observe(n, engine_s(n, tokens), tokens)
+    for n, tokens in [(1, 40), (8, 256), (32, 1024), (4, 512)]:
+        assert model.predict(n, tokens) == pytest.approx(engine_s(n, tokens), rel=0.02)
+    # without a token count, a batch size is priced at the recent mean padded length per record
+    assert 8 < model.tokens_per_item < 128
 
 
 def test_on_an_engine_with_no_fixed_cost_it_does_not_wait_for_batches() -> None:

@@ -57,3 +57,19 @@ def test_endpoints_serve_metrics_liveness_and_readiness() -> None:
         assert get(server.port, "/nope")[0] == 404
     finally:
         server.close()
+
+
+def test_adaptive_batching_decisions_are_exported_once_there_is_one() -> None:
+    from prometheus_client import generate_latest
+
+    from sluice.operator.adaptive import Decision
+
+    decision: list[Decision | None] = [None]
+    registry = new_registry(OperatorCollector(OperatorStats(), "p", batching=lambda: decision[0]))
+    assert b"sluice_adaptive" not in generate_latest(registry)  # static batching: no such gauges
+    decision[0] = Decision(dispatch_now=False, size=24, wake_at_s=1.5, service_s=0.031, rate_per_s=410.0)
+    samples = {s.name: s.value for f in text_string_to_metric_families(generate_latest(registry).decode())
+               for s in f.samples}
+    assert samples["sluice_adaptive_batch_size_records"] == 24
+    assert samples["sluice_adaptive_predicted_service_seconds"] == 0.031
+    assert samples["sluice_adaptive_arrival_rate_per_second"] == 410.0
