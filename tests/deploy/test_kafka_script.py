@@ -174,3 +174,15 @@ def test_three_nodes_survive_the_loss_of_a_partition_leader(kafka_cluster3: Kafk
     kafka_cluster3.start_node(leader)
     brokers = AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=10).brokers
     assert sorted(brokers) == [1, 2, 3]
+
+
+def test_secured_listeners_only_on_request(kafka_cluster3: KafkaCluster) -> None:
+    """Without --sasl/--tls a cluster has exactly the plaintext listener it always had, and says so."""
+    props = (kafka_cluster3.run_dir / "node-1" / "server.properties").read_text()
+    listeners = next(line for line in props.splitlines() if line.startswith("listeners="))
+    assert listeners.count("://") == 2 and "PLAINTEXT://" in listeners and "CONTROLLER://" in listeners
+    settings = [line for line in props.splitlines() if not line.startswith("#")]
+    assert not [line for line in settings if "sasl" in line.lower() or "ssl" in line.lower()]
+    proc = subprocess.run(["bash", str(KAFKA_SCRIPT), "security", "--dir", str(kafka_cluster3.run_dir)],
+                          capture_output=True, text=True, check=False)
+    assert proc.returncode != 0 and "no secured listener" in proc.stderr
