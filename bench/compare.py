@@ -53,6 +53,14 @@ SETTLE_S = 5  # quiet time between the saturation bursts and the latency runs
 # faster size for Sluice and Faust alike in every quick run on 2 cores (larger batches pad more, and O(length^2)
 # attention grows with them); the sweep adds other sizes, and the report gives best-against-best ratios too.
 DEFAULTS = {"embed": (8, 20), "noop": (512, 5)}
+# Sluice's own batching settings beyond size and delay, per workload: on a CPU, a batch of more than about
+# 256 padded tokens overflows the caches and costs more per token (README, "Tuning"), so Sluice caps it.
+SLUICE_BATCHING: dict[str, dict[str, Any]] = {"embed": {"max_batch_tokens": 256}, "noop": {}}
+
+
+def make_contender(peer: str, workload: str, batch: int, delay_ms: int) -> Contender:
+    options = SLUICE_BATCHING[workload] if peer == "sluice" else {}
+    return Contender(peer, workload, batch, delay_ms, batching_options=dict(options))
 
 
 @dataclass(frozen=True)
@@ -100,8 +108,8 @@ def run_saturation(bootstrap: str, workload: str, peers: list[str], settings: Se
         runs += [(peer, b) for peer in settings.sweep_peers if peer in peers for b in settings.sweep_batches]
     for peer, batch in runs:
         _log(f"saturation: {workload} {peer} batch {batch}")
-        contender = Contender(peer, workload, batch, delay_ms)
-        result = saturation(bootstrap, contender, _topic(bootstrap, f"cmp-{workload}"), _out_topic(bootstrap),
+        result = saturation(bootstrap, make_contender(peer, workload, batch, delay_ms),
+                            _topic(bootstrap, f"cmp-{workload}"), _out_topic(bootstrap),
                             texts, n)
         rows.append({"workload": workload, "peer": peer, "batch": batch, "delay_ms": delay_ms, **result})
         _log(f"  {result['records_per_s']:.1f} records/s, {result['cpu_us_per_record']:.0f} CPU µs/record")
@@ -172,18 +180,18 @@ def main() -> None:
             rates = [load * _sluice_max(rows, workload) for load in LOADS]
             for peer in peers:
                 batch, delay_ms = (1, 0) if peer == "plain" else DEFAULTS[workload]
-                curves.append(run_latency(bootstrap, Contender(peer, workload, batch, delay_ms), rates, settings,
+                curves.append(run_latency(bootstrap, make_contender(peer, workload, batch, delay_ms), rates, settings,
                                           texts))
             if workload != "embed":
                 continue
             for delay_ms in settings.tuning_delays_ms:
                 for batch in settings.tuning_batches:
-                    curve = run_latency(bootstrap, Contender("sluice", "embed", batch, delay_ms), rates[1:2],
+                    curve = run_latency(bootstrap, make_contender("sluice", "embed", batch, delay_ms), rates[1:2],
                                         settings, texts)
                     tuning.append({"delay_ms": delay_ms, "batch": batch, **curve["loads"][0]})
     result = {
         "mode": "quick" if args.quick else "full", "settings": asdict(settings), "loads": LOADS,
-        "defaults": DEFAULTS, "skipped": skipped, "saturation": rows, "latency": curves, "tuning": tuning,
+        "defaults": DEFAULTS, "sluice_batching": SLUICE_BATCHING, "skipped": skipped, "saturation": rows, "latency": curves, "tuning": tuning,
         "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
                     "load_average_1m_start": load_start, "load_average_1m_end": os.getloadavg()[0]},
         "versions": _versions(), "wall_s": time.monotonic() - started_s,

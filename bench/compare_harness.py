@@ -41,6 +41,7 @@ class Contender:
     batch: int
     delay_ms: int
     threads: int = 2
+    batching_options: dict[str, Any] = field(default_factory=dict)  # Sluice only: more batching settings
 
 
 class Child:
@@ -50,7 +51,8 @@ class Child:
         self.scratch_dir = tempfile.mkdtemp(prefix=f"compare-{contender.peer}-")
         spec = {"bootstrap": bootstrap, "topic_in": topic_in, "topic_out": topic_out, "group": unique_topic("cmp"),
                 "workload": contender.workload, "batch": contender.batch, "delay_ms": contender.delay_ms,
-                "threads": contender.threads, "scratch_dir": self.scratch_dir}
+                "threads": contender.threads, "scratch_dir": self.scratch_dir,
+                "batching_options": contender.batching_options}
         self.log = tempfile.NamedTemporaryFile(prefix=f"compare-{contender.peer}-", suffix=".log", delete=False)
         self.proc = subprocess.Popen([sys.executable, str(CHILD), contender.peer, json.dumps(spec)],
                                      stdout=subprocess.PIPE, stderr=self.log, cwd=CHILD.parents[1])

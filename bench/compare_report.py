@@ -65,6 +65,7 @@ def markdown(result: dict[str, Any]) -> str:
              + ", ".join(f"{k} {v}" for k, v in result["versions"].items()) + ".", ""]
     for peer, why in result["skipped"].items():
         lines += [f"Skipped {NAMES[peer]}: {why}.", ""]
+    lines += _sluice_batching(result)
     lines += ["## Throughput at saturation", "",
               "| workload | contender | max_batch_size | records/s | CPU µs / record | CPU cores busy |",
               "|---|---|---:|---:|---:|---:|"]
@@ -98,6 +99,15 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _sluice_batching(result: dict[str, Any]) -> list[str]:
+    """A line naming Sluice's batching settings beyond size and delay, when it has any."""
+    extra = {w: o for w, o in result.get("sluice_batching", {}).items() if o}
+    if not extra:
+        return []
+    text = "; ".join(f"{w}: " + ", ".join(f"`{k}: {v}`" for k, v in o.items()) for w, o in extra.items())
+    return [f"Sluice also runs with {text} (every run below, whatever its `max_batch_size`).", ""]
+
+
 def tuning_markdown(result: dict[str, Any]) -> str:
     rows = result["tuning"]
     if not rows:
@@ -108,6 +118,7 @@ def tuning_markdown(result: dict[str, Any]) -> str:
     lines = ["# Tuning `max_queue_delay_ms` x `max_batch_size` (Sluice, MiniLM embeddings)", "",
              f"Offered load {rate:.1f} records/s (50 % of Sluice's maximum at the default batch), "
              f"{result['mode']} mode, 1-minute load average {result['machine']['load_average_1m_start']:.1f}.", "",
+             *_sluice_batching(result),
              "| max_queue_delay_ms | max_batch_size | p50 ms | p99 ms | p99 queue wait ms | saturation records/s |",
              "|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
