@@ -8,6 +8,7 @@ Three processes over a 6-partition topic, each with its own ``client.id`` so tha
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -53,6 +54,13 @@ def _wait_for_assignment(bootstrap: str, group: str, members: set[str], timeout_
         time.sleep(0.3)
     raise AssertionError(f"group {group}: wanted members {sorted(members)} sharing {NUM_PARTITIONS} partitions "
                          f"within {timeout_s:.0f}s; the coordinator says {owned}")
+
+
+def _records_in(log: Path) -> int:
+    """How many records a stopped ``sluice run`` consumed, from its final log line."""
+    match = re.search(r"stopped: (\d+) in,", log.read_text())
+    assert match, f"no 'stopped:' line in {log.name}:\n{log.read_text()[-2000:]}"
+    return int(match.group(1))
 
 
 def _produce_round(bootstrap: str, topic: str, first_seq: int) -> list[int]:
@@ -102,6 +110,8 @@ def test_three_processes_share_six_partitions_and_survivors_take_over_a_leaver(
         leaver = "sluice-1"
         procs[leaver].send_signal(signal.SIGTERM)
         assert procs[leaver].wait(timeout=30) == 0, logs[leaver].read_text()[-3000:]
+        # It consumed exactly the records of the partitions it owned: each process did its share.
+        assert _records_in(logs[leaver]) == RECORDS_PER_PARTITION * len(owned[leaver])
         survivors = set(procs) - {leaver}
         after = _wait_for_assignment(kafka_bootstrap, group, survivors)
         assert owned[leaver] <= set().union(*after.values())
@@ -122,6 +132,8 @@ def test_three_processes_share_six_partitions_and_survivors_take_over_a_leaver(
             procs[name].send_signal(signal.SIGTERM)
         for name in survivors:
             assert procs[name].wait(timeout=30) == 0, logs[name].read_text()[-3000:]
+        # Together the three consumed every record once: nobody re-read what the leaver had committed.
+        assert sum(_records_in(log) for log in logs.values()) == len(first) + len(second)
     finally:
         for proc in procs.values():
             if proc.poll() is None:
