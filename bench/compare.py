@@ -9,7 +9,8 @@ Contenders (each in its own process, bench/compare_child.py):
 * **faust** -- a ``faust-streaming`` agent batching with ``stream.take(max_batch_size, within=max_queue_delay)``;
 * **bytewax** -- a Bytewax dataflow batching with ``collect`` (skipped cleanly when bytewax does not import).
 
-Workloads: ``embed`` (all-MiniLM-L6-v2, ONNX Runtime CPU, the same engine class and options for everyone) and
+Workloads: ``embed`` (all-MiniLM-L6-v2, ONNX Runtime CPU, the same engine class and thread counts for everyone;
+the peers keep onnxruntime's spinning worker threads, Sluice its own default) and
 ``noop`` (returns its input: pure overhead). Measurements (bench/compare_harness.py):
 
 1. records/s at saturation and CPU µs/record, every contender, plus a batch-size sweep for the batching ones;

@@ -8,7 +8,8 @@ PEER is ``sluice``, ``plain``, ``faust`` or ``bytewax``. SPEC_JSON holds ``boots
 order for embed; default ``tokens``).
 
 Every contender reads ``topic_in`` from the earliest offset, calls the same model (:func:`make_model`: the
-ONNX MiniLM engine with the same options, or the no-op function) and writes the input JSON object plus the
+ONNX MiniLM engine with the same thread counts -- the peers with onnxruntime's default spinning threads,
+Sluice with its own default, sleeping ones -- or the no-op function) and writes the input JSON object plus the
 result (``embedding`` or ``result``) to ``topic_out``. It runs until SIGTERM. Sluice then drains and prints
 one JSON line, ``{"queue_wait_ms": {phase: [...]}}``: per record, batch start minus the moment it was
 polled, grouped by the record's ``phase`` field (the load level of bench/compare_harness.py).
@@ -40,8 +41,10 @@ def make_model(workload: str, threads: int) -> tuple[Model, str]:
     from sluice.engines.onnx import OnnxEngine, OnnxOptions
     from sluice.models import fetch
 
+    # onnxruntime's own default, spinning worker threads, as a hand-written app gets it: faster for a loop that
+    # does nothing else while the model runs (Sluice turns it off: its intake and emitter threads need the cores)
     engine = OnnxEngine(OnnxOptions(model=str(fetch("minilm-l6")), providers=["cpu"], intra_op_num_threads=threads,
-                                    inter_op_num_threads=1), EngineContext(max_batch_size=64))
+                                    inter_op_num_threads=1, intra_op_spinning=True), EngineContext(max_batch_size=64))
     engine.start()
 
     def embed(texts: list[str]) -> list[Any]:
