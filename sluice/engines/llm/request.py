@@ -129,9 +129,6 @@ class Request:
     num_preemptions: int = 0  # times this request was preempted (recomputed)
     num_draft_tokens: int = 0  # speculative drafts verified for this request
     num_accepted_draft_tokens: int = 0  # of those, drafts accepted (emitted as output)
-    # Decayed acceptance evidence behind the drafter's adaptive gate (see speculation.py).
-    spec_recent_accepted: float = 0.0
-    spec_recent_evaluated: float = 0.0
     # Chained hashes of this request's full blocks, filled lazily by the KV-cache manager; valid forever
     # because tokens are only ever appended.
     block_hashes: list[bytes] = field(default_factory=list)

@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 
 from sluice.engines.llm.kv_cache import KVCacheManager
 from sluice.engines.llm.request import Request, RequestStatus
-from sluice.engines.llm.speculation import Drafter
+from sluice.engines.llm.speculation import Draft, Drafter
 
 
 @dataclass(slots=True)
@@ -58,6 +58,7 @@ class ScheduledRequest:
     num_computed_tokens: int = -1  # first position computed this step; -1 -> taken from the request
     # Speculative drafts; they fill the last len(draft_token_ids) of the num_new_tokens positions.
     draft_token_ids: list[int] = field(default_factory=list)
+    draft_ngram_len: int = 0  # length of the n-gram match the drafts were copied after
     # True when this step computes the request's last known token, so tokens must be sampled: one, or
     # 1..len(draft_token_ids)+1 when it verifies drafts.
     completes: bool = field(init=False)
@@ -196,10 +197,11 @@ class Scheduler:
                 index += 1
                 continue
             decoding = num_new == request.num_tokens - request.num_computed_tokens == 1
-            drafts = self._drafts(request, budget) if decoding else []
-            if drafts and self.kv.allocate_slots(request, 1 + len(drafts)):
-                out.scheduled.append(ScheduledRequest(request, 1 + len(drafts), draft_token_ids=drafts))
-                budget -= 1 + len(drafts)
+            draft = self._draft(request, budget) if decoding else None
+            if draft is not None and self.kv.allocate_slots(request, 1 + len(draft.token_ids)):
+                num_new = 1 + len(draft.token_ids)
+                out.scheduled.append(ScheduledRequest(request, num_new, -1, draft.token_ids, draft.ngram_len))
+                budget -= num_new
                 index += 1
                 continue
             while not self.kv.allocate_slots(request, num_new):
@@ -283,7 +285,9 @@ class Scheduler:
                 continue
             tokens = emitted[: max(1, self.max_len(request) - request.num_tokens)]
             if item.draft_token_ids and self.drafter is not None:
-                self.drafter.record_verify(request, len(item.draft_token_ids), len(tokens) - 1)
+                self.drafter.record_verify(
+                    request, item.draft_ngram_len, len(item.draft_token_ids), len(tokens) - 1
+                )
             # The last token and every accepted draft now have K/V; the newest token does not yet.
             request.num_computed_tokens = request.num_tokens + len(tokens) - 1
             request.output_token_ids.extend(tokens)
@@ -312,13 +316,13 @@ class Scheduler:
             num_new = min(num_new, self.long_prefill_token_threshold)
         return min(num_new, budget)
 
-    def _drafts(self, request: Request, budget: int) -> list[int]:
+    def _draft(self, request: Request, budget: int) -> Draft | None:
         """Draft tokens for a decoding request: within the budget, never past its max length."""
         if self.drafter is None:
-            return []
+            return None
         # k drafts emit up to k + 1 tokens; the request may emit max_len - num_tokens more.
         max_drafts = min(budget - 1, self.max_len(request) - request.num_tokens - 1)
-        return self.drafter.propose(request, max_drafts, len(self.running)) if max_drafts > 0 else []
+        return self.drafter.propose(request, max_drafts, len(self.running)) if max_drafts > 0 else None
 
     def _admit(self, request: Request, num_hit_tokens: int) -> None:
         """WAITING/PREEMPTED -> RUNNING, with prefix hits counted as computed."""

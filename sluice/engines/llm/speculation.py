@@ -17,8 +17,9 @@ So seeded requests even draw the same tokens with and without speculation.
 
 When drafting pays (the adaptive gate). Verifying a draft costs one more token of compute; it pays only if
 it is accepted often enough. The :class:`StepCostModel` fits ``step_s = fixed_s + per_token_s * tokens`` on
-the engine's measured steps; each request keeps a decayed estimate ``a`` of its per-draft acceptance
-probability. Draft ``j`` (1-based) is proposed while ``a**j * seconds_per_emitted_token >= per_token_s``:
+the engine's measured steps; the drafter keeps, per n-gram match length, a decayed estimate ``a`` of the
+probability that a draft is accepted. Draft ``j`` (1-based) is proposed while
+``a**j * seconds_per_emitted_token >= per_token_s``:
 on a small batch (a step's fixed cost dominates) even poor drafts pay, on a large compute-bound CPU batch
 only drafts that are nearly always right do. Pure Python: never imports torch.
 """
@@ -31,25 +32,21 @@ from dataclasses import dataclass
 
 from sluice.engines.llm.request import Request
 
-_PRIOR_WEIGHT = 2.0  # pseudo-observations of the engine-wide acceptance rate behind each request's estimate
-_PRIOR_FLOOR = 0.2  # the prior never drops below this, so drafting is retried where it is cheap
-_DECAY_ON_VERIFY = 0.8  # weight of a request's older evidence after each verify (recent text matters most)
-_DECAY_IDLE = 0.95  # per step without drafts: evidence fades, so a request gated off is retried later
+_DECAY = 0.995  # weight of older acceptance evidence at each verify (about the last 200 verifies count)
 _MIN_STEPS_FOR_MODEL = 8  # steps the cost model sees before it gates anything
 
 
-def propose_ngram_drafts(
-    token_ids: Sequence[int], num_drafts: int, ngram_max: int, ngram_min: int
-) -> list[int]:
-    """Up to ``num_drafts`` tokens that followed the most recent earlier occurrence of the longest suffix.
+def find_ngram_match(token_ids: Sequence[int], ngram_max: int, ngram_min: int) -> tuple[int, int] | None:
+    """The longest suffix that recurs, and where the tokens after its most recent earlier occurrence start.
 
     Tries suffix lengths ``n = ngram_max .. ngram_min``; the first ``n`` whose last ``n`` tokens occur earlier
-    (an occurrence ending before the last token, so that at least one token follows it) wins. Returns ``[]``
-    when no suffix recurs or ``num_drafts < 1``. Token ids must be in ``[0, 2**32)``.
+    (an occurrence ending before the last token, so that at least one token follows it) wins. Returns
+    ``(n, start)`` with ``token_ids[start]`` the first token after that occurrence, or None. Token ids must
+    be in ``[0, 2**32)``.
     """
     length = len(token_ids)
-    if num_drafts < 1 or length < 2:
-        return []
+    if length < 2:
+        return None
     packed = array("I", token_ids)
     width = packed.itemsize
     data = packed.tobytes()  # fixed-width tokens: bytes.rfind searches in C
@@ -61,10 +58,20 @@ def propose_ngram_drafts(
             if index < 0:
                 break
             if index % width == 0:
-                start = index // width + n
-                return list(token_ids[start : start + num_drafts])
+                return n, index // width + n
             end = index + len(pattern) - 1  # misaligned byte match: look further left
-    return []
+    return None
+
+
+def propose_ngram_drafts(
+    token_ids: Sequence[int], num_drafts: int, ngram_max: int, ngram_min: int
+) -> list[int]:
+    """Up to ``num_drafts`` tokens that followed the most recent earlier occurrence of the longest recurring
+    suffix (see :func:`find_ngram_match`); ``[]`` when none recurs or ``num_drafts < 1``."""
+    match = find_ngram_match(token_ids, ngram_max, ngram_min) if num_drafts > 0 else None
+    if match is None:
+        return []
+    return list(token_ids[match[1] : match[1] + num_drafts])
 
 
 def accept_drafts(draft_ids: Sequence[int], target_ids: Sequence[int]) -> list[int]:
@@ -83,23 +90,25 @@ def accept_drafts(draft_ids: Sequence[int], target_ids: Sequence[int]) -> list[i
     return list(target_ids[: num_accepted + 1])
 
 
+@dataclass(frozen=True, slots=True)
+class Draft:
+    """Draft tokens for one request's next step, and the length of the n-gram match they came from."""
+
+    token_ids: list[int]
+    ngram_len: int
+
+
 @dataclass(slots=True)
 class SpecStats:
     """Engine-wide speculation counters."""
 
     num_draft_tokens: int = 0  # drafts verified
     num_accepted_tokens: int = 0  # drafts that matched their target and were emitted
-    num_evaluated_tokens: int = 0  # drafts up to and including each verify's first rejection
 
     @property
     def acceptance_rate(self) -> float:
         """Accepted / verified drafts (0.0 before any draft)."""
         return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
-
-    @property
-    def per_draft_acceptance(self) -> float:
-        """Probability that a draft is accepted given the ones before it were (0.5 before any evidence)."""
-        return self.num_accepted_tokens / self.num_evaluated_tokens if self.num_evaluated_tokens else 0.5
 
 
 class StepCostModel:
@@ -134,8 +143,12 @@ class StepCostModel:
 class Drafter:
     """Proposes drafts for the scheduler and keeps the acceptance statistics.
 
-    Called by the scheduler (``propose``, ``record_verify``, ``record_idle``) and by the engine
-    (``record_step``, after timing each step). Single-threaded, like the scheduler.
+    Called by the scheduler (``propose``, ``record_verify``) and by the engine (``record_step``, after timing
+    each step). Single-threaded, like the scheduler.
+
+    The gate's acceptance estimate is per n-gram length (a draft copied after a 3-token match is right far
+    more often than one after a 1-token match): ``a_n = (accepted_n + 1) / (evaluated_n + 2)`` over decayed
+    counts of drafts up to and including each verify's first rejection.
     """
 
     def __init__(self, num_speculative_tokens: int, ngram_max: int = 3, ngram_min: int = 1,
@@ -154,41 +167,44 @@ class Drafter:
         self.adaptive = adaptive
         self.stats = SpecStats()
         self.cost = StepCostModel()
+        self._accepted_by_n = [0.0] * (ngram_max + 1)  # decayed counts, index = n-gram length
+        self._evaluated_by_n = [0.0] * (ngram_max + 1)
 
-    def propose(self, request: Request, max_drafts: int, num_running: int) -> list[int]:
+    def acceptance_estimate(self, ngram_len: int) -> float:
+        """Probability that a draft after an ``ngram_len`` match is accepted, given the ones before it were."""
+        return (self._accepted_by_n[ngram_len] + 1.0) / (self._evaluated_by_n[ngram_len] + 2.0)
+
+    def propose(self, request: Request, max_drafts: int, num_running: int) -> Draft | None:
         """Drafts for ``request``'s next step: at most ``min(max_drafts, num_speculative_tokens)``, fewer when
         the adaptive gate expects the later ones not to pay for their compute on a batch of ``num_running``."""
         limit = min(max_drafts, self.num_speculative_tokens)
         if limit < 1:
-            return []
+            return None
+        tokens = request.all_token_ids
+        match = find_ngram_match(tokens, self.ngram_max, self.ngram_min)
+        if match is None:
+            return None
+        ngram_len, start = match
         if self.adaptive:
-            limit = min(limit, self._num_worth_drafting(request, num_running))
-            if limit < 1:
-                self.record_idle(request)
-                return []
-        return propose_ngram_drafts(request.all_token_ids, limit, self.ngram_max, self.ngram_min)
+            limit = min(limit, self._num_worth_drafting(ngram_len, num_running))
+        drafts = tokens[start : start + limit]
+        return Draft(drafts, ngram_len) if drafts else None
 
-    def record_verify(self, request: Request, num_drafts: int, num_accepted: int) -> None:
+    def record_verify(self, request: Request, ngram_len: int, num_drafts: int, num_accepted: int) -> None:
         """One verify step's outcome for ``request``: ``num_accepted`` of its ``num_drafts`` drafts emitted."""
         num_evaluated = num_accepted + (1 if num_accepted < num_drafts else 0)
         self.stats.num_draft_tokens += num_drafts
         self.stats.num_accepted_tokens += num_accepted
-        self.stats.num_evaluated_tokens += num_evaluated
         request.num_draft_tokens += num_drafts
         request.num_accepted_draft_tokens += num_accepted
-        request.spec_recent_accepted = _DECAY_ON_VERIFY * request.spec_recent_accepted + num_accepted
-        request.spec_recent_evaluated = _DECAY_ON_VERIFY * request.spec_recent_evaluated + num_evaluated
-
-    def record_idle(self, request: Request) -> None:
-        """A decoding step without drafts: the request's evidence fades toward the engine-wide rate."""
-        request.spec_recent_accepted *= _DECAY_IDLE
-        request.spec_recent_evaluated *= _DECAY_IDLE
+        self._accepted_by_n[ngram_len] = _DECAY * self._accepted_by_n[ngram_len] + num_accepted
+        self._evaluated_by_n[ngram_len] = _DECAY * self._evaluated_by_n[ngram_len] + num_evaluated
 
     def record_step(self, num_tokens: int, step_s: float) -> None:
         """The engine's measured time for a step that computed ``num_tokens`` positions."""
         self.cost.record(num_tokens, step_s)
 
-    def _num_worth_drafting(self, request: Request, num_running: int) -> int:
+    def _num_worth_drafting(self, ngram_len: int, num_running: int) -> int:
         fit = self.cost.fit()
         if fit is None:
             return self.num_speculative_tokens
@@ -198,10 +214,7 @@ class Drafter:
         # What one emitted token costs now: a plain decode step of the running batch, shared by its requests.
         batch = max(1, num_running)
         s_per_emitted = (fixed_s + per_token_s * batch) / batch
-        prior = max(_PRIOR_FLOOR, self.stats.per_draft_acceptance)
-        accept = (request.spec_recent_accepted + _PRIOR_WEIGHT * prior) / (
-            request.spec_recent_evaluated + _PRIOR_WEIGHT
-        )
+        accept = self.acceptance_estimate(ngram_len)
         num, gain = 0, 1.0
         while num < self.num_speculative_tokens:
             gain *= accept  # probability that draft num+1 is emitted

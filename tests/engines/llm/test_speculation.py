@@ -21,7 +21,13 @@ from hypothesis import strategies as st
 from sluice.engines.llm import LLM, RequestOutput, SamplingParams
 from sluice.engines.llm.request import Request
 from sluice.engines.llm.sampling import Sampler, SamplingRow
-from sluice.engines.llm.speculation import Drafter, StepCostModel, accept_drafts, propose_ngram_drafts
+from sluice.engines.llm.speculation import (
+    Draft,
+    Drafter,
+    StepCostModel,
+    accept_drafts,
+    propose_ngram_drafts,
+)
 
 # ---- the n-gram drafter --------------------------------------------------------------------------------
 
@@ -116,17 +122,20 @@ def test_gate_drafts_on_small_batches_and_holds_back_poor_drafts_on_large_ones()
     for i in range(40):
         n = 1 + (i * 7) % 64
         drafter.record_step(n, 0.040 + 0.002 * n)  # this CPU: a 40 ms step plus 2 ms per token
-    request = Request("r", [1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 3])
-    assert drafter.propose(request, 4, num_running=1) == [4, 1, 2, 3]  # a step's fixed cost dominates
-    for _ in range(5):
-        drafter.record_verify(request, 4, 0)  # nothing accepted lately
-    assert drafter.propose(request, 4, num_running=1) != []  # still worth a try when alone
-    assert drafter.propose(request, 4, num_running=64) == []  # compute-bound: poor drafts cost throughput
-    good = Request("g", [1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 3])
-    for _ in range(5):
-        drafter.record_verify(good, 4, 4)
-    assert len(drafter.propose(good, 4, num_running=64)) >= 2  # nearly always right: pays even there
-    assert drafter.stats.acceptance_rate == pytest.approx(20 / 40)
+    three = Request("three", [1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 3])  # its last 3 tokens recur
+    one = Request("one", [5, 1, 2, 3, 4, 6, 7, 8, 9, 5])  # only its last token recurs
+    assert drafter.propose(three, 4, num_running=1) == Draft([4, 1, 2, 3], 3)
+    assert drafter.propose(one, 4, num_running=1) == Draft([1, 2, 3, 4], 1)  # alone, even a guess pays
+    for _ in range(10):
+        drafter.record_verify(one, 1, 4, 0)  # 1-gram drafts: always wrong (1 in 12 with the prior)
+        drafter.record_verify(three, 3, 4, 4)  # 3-gram drafts: always right
+    single = drafter.propose(one, 4, num_running=1)
+    assert single is not None and len(single.token_ids) == 1  # when alone, still worth one try
+    assert drafter.propose(one, 4, num_running=64) is None  # compute-bound: poor drafts cost throughput
+    assert drafter.propose(three, 4, num_running=64) == Draft([4, 1, 2, 3], 3)  # right ones pay even there
+    assert drafter.stats.acceptance_rate == pytest.approx(0.5)
+    assert (one.num_draft_tokens, one.num_accepted_draft_tokens) == (40, 0)
+    assert Drafter(4, adaptive=False).propose(one, 4, num_running=64) == Draft([1, 2, 3, 4], 1)
 
 
 # ---- the engine with speculation on --------------------------------------------------------------------
