@@ -15,6 +15,7 @@ runs the workload ``--repeats`` times and reports its best time (the machine is 
 prefix cache is emptied before every repeat, so only sharing *within* the workload is counted.
 
     .venv/bin/python bench/llm.py [--model PATH] [--threads 2] [--num-prompts 64]
+    .venv/bin/python bench/llm.py --speculative [...]   # speculative decoding on vs off: bench/llm_spec.py
 
 Prints a table and writes ``bench/results/llm.json``.
 """
@@ -27,6 +28,7 @@ import multiprocessing as mp
 import os
 import platform
 import resource
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -149,6 +151,11 @@ def main() -> None:
     # On a shared CPU host, OpenMP threads that spin at every barrier steal the core from the thread they
     # wait for; sleeping waiters made both engines several times faster under load. Same for both engines.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    if "--speculative" in sys.argv[1:]:  # its own workloads and options: see bench/llm_spec.py
+        from llm_spec import main as speculative_main
+
+        speculative_main([a for a in sys.argv[1:] if a != "--speculative"])
+        return
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default=None, help="GGUF file or directory (default: fetch smollm2-135m)")
     ap.add_argument("--threads", type=int, default=2)
