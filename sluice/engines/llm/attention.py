@@ -5,6 +5,9 @@ calls :func:`store_and_attend`: on CUDA it uses the Triton kernels of ``kernels/
 ``paged_attention``, one launch each for the whole mixed prefill/decode batch); on the CPU it uses the
 torch path below, which is planned once per step (:func:`plan_cpu_attention`) so that the 30 layers of
 a decode step cost one gather and one ``scaled_dot_product_attention`` each, not a loop over sequences.
+Sequences with a few new tokens (2..``MAX_BATCHED_QUERY_LEN``: speculative verifies of ``1 + k`` tokens)
+likewise share one batched call per layer, their queries padded to the longest of them; longer chunks
+(prompts) get one call each.
 
 Semantics (both back-ends): sequence ``s`` owns query rows ``query_start_loc[s]:query_start_loc[s+1]``
 (``q_len`` rows) at positions ``seq_lens[s] - q_len + j``; each row attends causally to KV positions
@@ -30,6 +33,26 @@ class PrefillPlan:
     mask: torch.Tensor | None  # (q_len, kv_len) bool, True = may attend; None = plain causal
 
 
+MAX_BATCHED_QUERY_LEN = 8  # sequences with 2..this many new tokens share one attention call per layer
+
+
+@dataclass(slots=True)
+class ShortQueryPlan:
+    """``n`` sequences of 2..``width`` new tokens each, attended in one call (CPU path).
+
+    Query row ``j`` of a sequence becomes ``group`` rows ``j * group .. j * group + group - 1`` of its KV
+    head's attention problem; rows of a sequence shorter than ``width`` are padding (they repeat its last
+    row and their outputs are dropped).
+    """
+
+    width: int  # query rows per sequence after padding
+    rows: torch.Tensor  # (n * width,) int64 flat query rows, padding repeats a row
+    blocks: torch.Tensor  # (n * max_blocks,) int64, padded with block 0
+    mask: torch.Tensor  # (n, 1, width * group, max_blocks * block_size) bool, True = may attend
+    valid: torch.Tensor | None  # (num_rows,) int64 unpadded entries of ``rows``; None = all
+    out_rows: torch.Tensor  # (num_rows,) int64 flat rows the valid outputs go to
+
+
 @dataclass(slots=True)
 class CpuAttentionPlan:
     """Index tensors for the CPU path; built once per step, used by every layer."""
@@ -37,6 +60,7 @@ class CpuAttentionPlan:
     decode_rows: torch.Tensor | None = None  # (num_decodes,) int64 flat query rows of 1-token sequences
     decode_blocks: torch.Tensor | None = None  # (num_decodes * max_blocks,) int64, rows padded with block 0
     decode_mask: torch.Tensor | None = None  # (num_decodes, 1, 1, max_blocks * block_size) bool, True = key
+    short: ShortQueryPlan | None = None  # sequences with a few new tokens (speculative verifies)
     prefills: list[PrefillPlan] = field(default_factory=list)
 
 
@@ -53,17 +77,27 @@ class AttentionMetadata:
 
 
 def plan_cpu_attention(
-    query_lens: list[int], seq_lens: list[int], block_tables: list[list[int]], block_size: int
+    query_lens: list[int],
+    seq_lens: list[int],
+    block_tables: list[list[int]],
+    block_size: int,
+    group: int = 1,
 ) -> CpuAttentionPlan:
-    """Precompute gather indices and masks for one step on the CPU (plain Python lists in)."""
+    """Precompute gather indices and masks for one step on the CPU (plain Python lists in).
+
+    ``group``: query heads per KV head (the model's; only shapes the short-query mask, any value works).
+    """
     plan = CpuAttentionPlan()
     decode_rows: list[int] = []
     decode_seqs: list[int] = []
+    short: list[tuple[int, int, int, int]] = []  # (sequence, q_start, q_len, kv_len)
     q_start = 0
     for s, (q_len, kv_len) in enumerate(zip(query_lens, seq_lens, strict=True)):
         if q_len == 1:
             decode_rows.append(q_start)
             decode_seqs.append(s)
+        elif 1 < q_len <= MAX_BATCHED_QUERY_LEN:
+            short.append((s, q_start, q_len, kv_len))
         elif q_len > 1:
             num_blocks = -(-kv_len // block_size)
             blocks = torch.tensor(block_tables[s][:num_blocks], dtype=torch.int64)
@@ -87,7 +121,36 @@ def plan_cpu_attention(
         plan.decode_rows = torch.tensor(decode_rows, dtype=torch.int64)
         plan.decode_blocks = torch.tensor(table, dtype=torch.int64)
         plan.decode_mask = (positions < torch.tensor(lens).unsqueeze(1))[:, None, None, :]
+    if short:
+        plan.short = _plan_short_queries(short, block_tables, block_size, group)
     return plan
+
+
+def _plan_short_queries(
+    short: list[tuple[int, int, int, int]], block_tables: list[list[int]], block_size: int, group: int
+) -> ShortQueryPlan:
+    width = max(q_len for _, _, q_len, _ in short)
+    max_blocks = -(-max(kv_len for *_, kv_len in short) // block_size)
+    table: list[int] = []
+    for s, _, _, kv_len in short:
+        row = block_tables[s][: -(-kv_len // block_size)]
+        table.extend(row)
+        table.extend([0] * (max_blocks - len(row)))
+    rows = [q_start + min(j, q_len - 1) for _, q_start, q_len, _ in short for j in range(width)]
+    valid = [i * width + j for i, (_, _, q_len, _) in enumerate(short) for j in range(q_len)]
+    # Row j sits at position kv_len - q_len + j and sees the keys up to it.
+    last = torch.tensor([[kv_len - q_len + min(j, q_len - 1) for j in range(width)]
+                         for _, _, q_len, kv_len in short])  # fmt: skip  # (n, width)
+    keys = torch.arange(max_blocks * block_size)
+    mask = (keys[None, None, :] <= last[:, :, None]).repeat_interleave(group, dim=1)  # (n, width * group, L)
+    return ShortQueryPlan(
+        width=width,
+        rows=torch.tensor(rows, dtype=torch.int64),
+        blocks=torch.tensor(table, dtype=torch.int64),
+        mask=mask.unsqueeze(1),
+        valid=None if len(valid) == len(rows) else torch.tensor(valid, dtype=torch.int64),
+        out_rows=torch.tensor([q_start + j for _, q_start, q_len, _ in short for j in range(q_len)]),
+    )
 
 
 def store_and_attend(
@@ -137,6 +200,8 @@ def _cpu_store_and_attend(
         v = v_cache.index_select(0, plan.decode_blocks).view(shape).transpose(1, 2)
         o = F.scaled_dot_product_attention(q, k, v, attn_mask=plan.decode_mask, scale=scale)
         out.index_copy_(0, plan.decode_rows, o.reshape(n, num_heads, head_dim))
+    if plan.short is not None:
+        _attend_short(query, k_cache, v_cache, plan.short, scale, out)
     for p in plan.prefills:
         q = query[p.q_start : p.q_end].transpose(0, 1).unsqueeze(0)  # (1, num_heads, q_len, head_dim)
         k = k_cache.index_select(0, p.blocks).view(-1, num_kv_heads, head_dim)[: p.kv_len]
@@ -148,3 +213,30 @@ def _cpu_store_and_attend(
         )
         out[p.q_start : p.q_end] = o.squeeze(0).transpose(0, 1)
     return out
+
+
+def _attend_short(
+    query: torch.Tensor,  # (num_tokens, num_heads, head_dim)
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    plan: ShortQueryPlan,
+    scale: float,
+    out: torch.Tensor,  # (num_tokens, num_heads, head_dim), written at plan.out_rows
+) -> None:
+    _, num_heads, head_dim = query.shape
+    num_kv_heads = k_cache.shape[2]
+    group, width = num_heads // num_kv_heads, plan.width
+    n = plan.rows.shape[0] // width
+    q = query.index_select(0, plan.rows).view(n, width, num_kv_heads, group, head_dim)
+    q = q.permute(0, 2, 1, 3, 4).reshape(n, num_kv_heads, width * group, head_dim)
+    mask = plan.mask
+    if mask.shape[2] != width * group:  # planned for another group size
+        mask = mask[:, :, :: mask.shape[2] // width].repeat_interleave(group, dim=2)
+    shape = (n, -1, num_kv_heads, head_dim)  # (n, max_blocks * block_size, num_kv_heads, head_dim)
+    k = k_cache.index_select(0, plan.blocks).view(shape).transpose(1, 2)
+    v = v_cache.index_select(0, plan.blocks).view(shape).transpose(1, 2)
+    o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)  # (n, kvh, width * group, d)
+    o = o.view(n, num_kv_heads, width, group, head_dim).permute(0, 2, 1, 3, 4).reshape(-1, num_heads, head_dim)
+    if plan.valid is not None:
+        o = o.index_select(0, plan.valid)
+    out.index_copy_(0, plan.out_rows, o)

@@ -66,6 +66,7 @@ class ModelRunner:
         # block tables. Tests switch this off on the CPU to run the kernel path's plumbing.
         self.use_cpu_attention_plan = self.device.type == "cpu"
         cfg = model_config
+        self.group = cfg.num_heads // cfg.num_kv_heads  # query heads per KV head
         elem = torch.tensor([], dtype=self.dtype).element_size()
         # K and V of every layer for block_size tokens.
         self.bytes_per_block = 2 * cfg.num_layers * self.block_size * cfg.num_kv_heads * cfg.head_dim * elem
@@ -146,7 +147,7 @@ class ModelRunner:
             max_seq_len=max(seq_lens),
         )
         if self.use_cpu_attention_plan:
-            meta.cpu_plan = plan_cpu_attention(query_lens, seq_lens, tables, bs)
+            meta.cpu_plan = plan_cpu_attention(query_lens, seq_lens, tables, bs, self.group)
         logits = self.model(
             torch.tensor(input_ids, dtype=torch.int64, device=dev),
             torch.tensor(positions, dtype=torch.int64, device=dev),

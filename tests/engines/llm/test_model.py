@@ -12,11 +12,13 @@ from sluice.engines.llm.attention import AttentionMetadata, plan_cpu_attention, 
 from sluice.engines.llm.kernels import reference
 from sluice.engines.llm.weights import unpermute_rotary_rows
 
-# (new tokens, KV length after the step): decodes, a whole prompt, prompt chunks over cached context
-CASES = [(1, 1), (1, 37), (5, 5), (7, 40), (1, 16), (16, 16), (3, 19)]
+# (new tokens, KV length after the step): decodes, a whole prompt, prompt chunks over cached context,
+# and short multi-token queries (speculative verifies: batched together, padded to the longest)
+CASES = [(1, 1), (1, 37), (5, 5), (7, 40), (1, 16), (16, 16), (3, 19), (2, 2), (8, 30), (9, 33)]
 
 
-def test_cpu_paged_attention_matches_the_reference() -> None:
+@pytest.mark.parametrize("planned_group", [3, 1], ids=["planned-for-the-model", "planned-for-another-group"])
+def test_cpu_paged_attention_matches_the_reference(planned_group: int) -> None:
     gen = torch.Generator().manual_seed(0)
     num_heads, num_kv_heads, head_dim, block_size, num_blocks = 6, 2, 8, 4, 64
     shape = (num_blocks, block_size, num_kv_heads, head_dim)
@@ -41,7 +43,7 @@ def test_cpu_paged_attention_matches_the_reference() -> None:
         seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
         block_tables=torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32),
         max_seq_len=max(seq_lens),
-        cpu_plan=plan_cpu_attention(query_lens, seq_lens, tables, block_size),
+        cpu_plan=plan_cpu_attention(query_lens, seq_lens, tables, block_size, planned_group),
     )
     ref_k, ref_v = k_cache.clone(), v_cache.clone()
     reference.store_kv(k, v, ref_k, ref_v, meta.slot_mapping)
