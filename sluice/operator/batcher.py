@@ -14,7 +14,9 @@ Guarantees:
 
 * A batch never holds more than ``max_batch_size`` items, and never more than ``max_batch_tokens`` padded
   tokens (batch size x longest length) -- except a single item longer than the budget, which goes alone.
-* A batch is due when some bucket is full, or when the oldest item has waited ``max_queue_delay_s``.
+* A batch is due when some bucket is full, when the oldest item has waited ``max_queue_delay_s``, or when
+  the whole queue holds a full batch's worth of items or tokens spread over buckets (waiting could then
+  only make the next batch later, not bigger, and leave the records behind it facing a busy engine).
   The batcher is only asked for a batch when the engine is idle, so while the engine is busy batches keep
   growing rather than leaving as small batches queued behind a timer.
 * Nothing is lost or duplicated: every added item leaves through exactly one ``next_batch``, ``drain`` or
@@ -94,6 +96,7 @@ class Batcher(Generic[T]):
         self._buckets: dict[int, _Bucket[T]] = {}
         self._seq = 0
         self._count = 0
+        self._num_tokens = 0  # sum of the queued items' lengths
         self.last_padded_tokens = 0  # the last batch taken: its size x its longest length
 
     def __len__(self) -> int:
@@ -111,8 +114,10 @@ class Batcher(Generic[T]):
         track_max = p.max_batch_tokens is not None  # only a token budget needs each bucket's longest
         buckets = self._buckets
         seq = self._seq
+        num_tokens = 0
         for item, length in items:
             length = length if length > 1 else 1
+            num_tokens += length
             key = -(-length // width) if width else 0
             bucket = buckets.get(key)
             if bucket is None:
@@ -120,6 +125,7 @@ class Batcher(Generic[T]):
             bucket.append(_Entry(item, length, deadline, seq), track_max)
             seq += 1
         self._count += seq - self._seq
+        self._num_tokens += num_tokens
         self._seq = seq
 
     def next_deadline(self) -> float | None:
@@ -136,17 +142,17 @@ class Batcher(Generic[T]):
         time like an expired one, because waiting for its own turn would find the engine busy and make it late.
         """
         size = self.policy.max_batch_size if max_size is None else max(1, min(max_size, self.policy.max_batch_size))
-        key = self._due_bucket(now, size)
-        if key is None:
+        due = self._due_bucket(now, size)
+        if due is None:
             return None
-        return self._take(key, now, size, now + max(0.0, horizon_s))
+        return self._take(due[0], now, size, now + max(0.0, horizon_s), top_up=due[1])
 
     def drain(self) -> list[list[T]]:
         """Every queued item, cut into batches that respect the size and token caps (for shutdown)."""
         batches = []
         while self._count:
             key = min(self._buckets, key=lambda k: self._buckets[k].entries[0].seq)
-            batches.append(self._take(key, float("inf"), self.policy.max_batch_size, float("inf")))
+            batches.append(self._take(key, float("inf"), self.policy.max_batch_size, float("inf"), top_up=True))
         return batches
 
     def remove(self, predicate: Callable[[T], bool]) -> list[T]:
@@ -163,6 +169,7 @@ class Batcher(Generic[T]):
             if kept.entries:
                 self._buckets[key] = kept
         self._count -= len(removed)
+        self._num_tokens = sum(e.length for b in self._buckets.values() for e in b.entries)
         return removed
 
     # ------------------------------------------------------------------------------------------ inner
@@ -173,18 +180,32 @@ class Batcher(Generic[T]):
             return True
         return p.max_batch_tokens is not None and len(bucket.entries) * bucket.max_length >= p.max_batch_tokens
 
-    def _due_bucket(self, now: float, size: int) -> int | None:
+    def _due_bucket(self, now: float, size: int) -> tuple[int, bool] | None:
+        """(bucket key, whether to top up from neighbours), or None when no batch is due."""
         expired_key, expired_seq = None, None
         full_key, full_seq = None, None
+        oldest_key, oldest_seq = None, None
         for key, bucket in self._buckets.items():
             head = bucket.entries[0]
             if head.deadline_s <= now and (expired_seq is None or head.seq < expired_seq):
                 expired_key, expired_seq = key, head.seq
             elif self._is_full(bucket, size) and (full_seq is None or head.seq < full_seq):
                 full_key, full_seq = key, head.seq
-        return expired_key if expired_key is not None else full_key
+            if oldest_seq is None or head.seq < oldest_seq:
+                oldest_key, oldest_seq = key, head.seq
+        if expired_key is not None:
+            return expired_key, True
+        if full_key is not None:
+            return full_key, False
+        p = self.policy
+        if oldest_key is not None and (self._count >= size or (
+                p.max_batch_tokens is not None and self._num_tokens >= p.max_batch_tokens)):
+            # A backlog of a full batch or more, spread over buckets: waiting cannot make the next batch
+            # bigger, only later, and the records behind it would find the engine busy at their deadlines.
+            return oldest_key, True
+        return None
 
-    def _take(self, key: int, now: float, size: int, late_s: float) -> list[T]:
+    def _take(self, key: int, now: float, size: int, late_s: float, top_up: bool) -> list[T]:
         """Cut one batch starting from bucket ``key``; top it up from neighbouring buckets if it is due by
         time and still has room, so expired records elsewhere are not left behind.
 
@@ -197,7 +218,7 @@ class Batcher(Generic[T]):
         batch: list[_Entry[T]] = []
         longest = 0
         order = [key]
-        if p.bucket_by_length and self._buckets[key].entries[0].deadline_s <= now:
+        if p.bucket_by_length and top_up:
             # neighbours by closeness of length, so the padding added stays small
             order += sorted((k for k in self._buckets if k != key), key=lambda k: (abs(k - key), k))
         for k in order:
@@ -218,5 +239,6 @@ class Batcher(Generic[T]):
             if len(batch) >= size:
                 break
         self._count -= len(batch)
+        self._num_tokens -= sum(e.length for e in batch)
         self.last_padded_tokens = len(batch) * longest
         return [e.item for e in batch]

@@ -102,6 +102,17 @@ def test_records_coming_due_while_the_engine_works_join_the_batch() -> None:
     assert b.next_batch(now=0.13) == ["longer-later"]
 
 
+def test_a_backlog_of_a_full_batch_over_several_buckets_goes_without_waiting() -> None:
+    b: Batcher[str] = Batcher(BatchPolicy(max_batch_size=32, max_queue_delay_s=0.05, bucket_by_length=True,
+                                          max_batch_tokens=100, bucket_width=8))
+    b.add("a", now=0.0, length=30)
+    b.add("b", now=0.001, length=50)
+    assert b.next_batch(now=0.002) is None  # 80 tokens queued: less than a batch, so it may still grow
+    b.add("c", now=0.002, length=60)  # 140 tokens over three buckets: no bucket is full, the queue is
+    assert b.next_batch(now=0.002) == ["a"]  # the oldest leaves now; 'b' would pad it by 20 tokens
+    assert len(b) == 2
+
+
 def test_remove_takes_out_only_matching_items() -> None:
     b: Batcher[int] = Batcher(BatchPolicy(max_batch_size=10, max_queue_delay_s=1.0))
     for i in range(6):
