@@ -128,11 +128,13 @@ def tuning_markdown(result: dict[str, Any]) -> str:
         saturated = f"{max_rate[r['batch']]:.1f}" if r["batch"] in max_rate else "–"
         lines.append(f"| {r['delay_ms']} | {r['batch']} | {p50} | {p99} | {'–' if wait is None else f'{wait:.1f}'} "
                      f"| {saturated} |")
-    lines += ["", "How to read it: at this load a batch usually closes on `max_queue_delay_ms`, not on size, so "
-                  "p50 is about the delay plus one batch's inference, and the p50 queue wait is the delay itself. "
-                  "What the p99 queue wait adds above the delay is time the engine was still busy with the previous "
-                  "batch: larger batches and longer delays make that batch longer. `max_batch_size` is the "
-                  "throughput knob (last column, measured at saturation with the default delay).", "",
+    lines += ["", "How to read it: at this load a batch usually closes on `max_queue_delay_ms` (or earlier, once "
+                  "a full batch's worth is queued), so p50 is about the delay plus one batch's inference. What the "
+                  "p99 queue wait adds above the delay is time a record found the engine still busy with another "
+                  "batch when its deadline came -- at 50 % load the engine is busy about half the time, so that "
+                  "tail is about one batch's engine time, and a batch capped by tokens keeps it short. "
+                  "`max_batch_size` (with the token cap) is the throughput knob: last column, measured at "
+                  "saturation with the default delay.", "",
               "Which settings for a p99 target (at this load): among the settings that meet it, the one with the "
               "most throughput at saturation (headroom when load rises), then the lowest p99.", "",
               "| p99 target | choose | measured p99 |", "|---:|---|---:|"]
