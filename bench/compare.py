@@ -79,7 +79,7 @@ class Settings:
 QUICK = Settings({"embed": 200, "noop": 60_000}, 4, ("embed",), 1, (32,),
                  ("sluice", "faust"), (5, 50), (8, 32))
 FULL = Settings({"embed": 500, "noop": 200_000}, 6, ("embed", "noop"), 2, (32, 64),
-                ("sluice", "faust"), (5, 20, 50), (8, 32, 64))
+                ("sluice", "faust"), (20, 50, 100), (8, 32, 64))
 
 
 def _topic(bootstrap: str, prefix: str) -> str:

@@ -45,6 +45,13 @@ def queue_wait_check(result: dict[str, Any]) -> dict[str, Any] | None:
     return None
 
 
+def queue_wait_meeting(result: dict[str, Any]) -> list[tuple[int, int]]:
+    """(max_queue_delay_ms, max_batch_size) of the tuning sweep (50 % load) whose p99 queue wait is within
+    the delay + 5 ms."""
+    return [(r["delay_ms"], r["batch"]) for r in result["tuning"]
+            if r.get("queue_wait_ms") and r["queue_wait_ms"]["p99"] <= r["delay_ms"] + 5]
+
+
 def _fmt_ms(loads: list[dict[str, Any]], index: int) -> str:
     if index >= len(loads):
         return "–"
@@ -94,6 +101,11 @@ def markdown(result: dict[str, Any]) -> str:
     if check:
         lines += ["", f"Sluice p99 queue wait at 50 % load (embed): {check['p99_ms']:.1f} ms, limit "
                       f"max_queue_delay_ms + 5 = {check['limit_ms']} ms: {'met' if check['ok'] else 'NOT met'}."]
+    if result["tuning"]:
+        meeting = queue_wait_meeting(result)
+        lines += ["", "In the tuning sweep (50 % load), p99 queue wait within max_queue_delay_ms + 5 ms: "
+                      + (", ".join(f"delay {d} ms with batch {b}" for d, b in meeting) if meeting else "none")
+                      + " (compare_tuning.md)."]
     lines += ["", "Plots: compare_throughput.png (records/s by batch size), compare_latency.png (latency against "
                   "offered load). Tuning sweep: compare_tuning.md."]
     return "\n".join(lines) + "\n"
@@ -119,15 +131,17 @@ def tuning_markdown(result: dict[str, Any]) -> str:
              f"Offered load {rate:.1f} records/s (50 % of Sluice's maximum at the default batch), "
              f"{result['mode']} mode, 1-minute load average {result['machine']['load_average_1m_start']:.1f}.", "",
              *_sluice_batching(result),
-             "| max_queue_delay_ms | max_batch_size | p50 ms | p99 ms | p99 queue wait ms | saturation records/s |",
-             "|---:|---:|---:|---:|---:|---:|"]
+             "| max_queue_delay_ms | max_batch_size | p50 ms | p99 ms | p99 queue wait ms | within delay + 5 ms "
+             "| saturation records/s |",
+             "|---:|---:|---:|---:|---:|:---:|---:|"]
     for r in rows:
         wait = r.get("queue_wait_ms", {}).get("p99")
         lat = r["latency_ms"]
         p50, p99 = (f"{lat['p50']:.0f}", f"{lat['p99']:.0f}") if lat else ("overloaded", "overloaded")
         saturated = f"{max_rate[r['batch']]:.1f}" if r["batch"] in max_rate else "–"
+        within = "–" if wait is None else ("yes" if wait <= r["delay_ms"] + 5 else "no")
         lines.append(f"| {r['delay_ms']} | {r['batch']} | {p50} | {p99} | {'–' if wait is None else f'{wait:.1f}'} "
-                     f"| {saturated} |")
+                     f"| {within} | {saturated} |")
     lines += ["", "How to read it: at this load a batch usually closes on `max_queue_delay_ms` (or earlier, once "
                   "a full batch's worth is queued), so p50 is about the delay plus one batch's inference. What the "
                   "p99 queue wait adds above the delay is time a record found the engine still busy with another "

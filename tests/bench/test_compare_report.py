@@ -63,6 +63,14 @@ def test_queue_wait_is_checked_at_half_load_against_delay_plus_5_ms() -> None:
     assert compare_report.queue_wait_check(_result(sluice_wait_p99=25.5))["ok"] is False  # type: ignore[index]
 
 
+def test_the_tuning_rows_whose_queue_wait_stays_within_the_delay_are_named() -> None:
+    result = _result()
+    assert compare_report.queue_wait_meeting(result) == [(5, 8)]  # 10 <= 10; 200 > 10; 60 > 55
+    assert "delay 5 ms with batch 8 (compare_tuning.md)" in compare_report.markdown(result)
+    result["tuning"][2]["queue_wait_ms"]["p99"] = 55.0
+    assert compare_report.queue_wait_meeting(result) == [(5, 8), (50, 32)]
+
+
 def test_tuning_picks_the_most_throughput_that_meets_each_target() -> None:
     text = compare_report.tuning_markdown(_result())
     rows = {line.split("|")[1].strip(): line.split("|")[2].strip() for line in text.splitlines()
