@@ -8,11 +8,12 @@ Two workloads, each run with ``num_speculative_tokens=0`` and ``=K`` (same engin
 * ``labelling``: the review-labelling workload of ``bench/llm.py`` (shared system prompt, max_tokens 1..48,
   EOS ignored): free text that mostly does not copy the prompt -- speculation must not slow it down.
 
-Requests of a workload are all added at once; ``--max-num-seqs`` caps how many decode together (the
-streaming operator runs a few dozen at most). Timing excludes model loading; off and on alternate over
-``--repeats`` and the best of each is kept; the prefix cache is emptied before every run.
+Requests of a workload are all added at once; ``--max-num-seqs`` caps how many decode together, and each
+value given is its own row (speculation pays most where a step's fixed cost dominates: few requests at a
+time on a CPU). Timing excludes model loading; off and on alternate over ``--repeats`` and the best of each
+is kept; the prefix cache is emptied before every run.
 
-    .venv/bin/python bench/llm_spec.py [--threads 2] [--num-prompts 32] [--max-num-seqs 8] [-k 4]
+    .venv/bin/python bench/llm_spec.py [--threads 2] [--num-prompts 16] [--max-num-seqs 1 4 8] [-k 4]
     .venv/bin/python bench/llm.py --speculative            # the same
 
 Prints a table and writes ``bench/results/llm_spec.json``.
@@ -106,8 +107,8 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default=None, help="GGUF file or directory (default: fetch smollm2-135m)")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--num-prompts", type=int, default=32)
-    ap.add_argument("--max-num-seqs", type=int, default=8, help="requests decoded together")
+    ap.add_argument("--num-prompts", type=int, default=16)
+    ap.add_argument("--max-num-seqs", type=int, nargs="+", default=[1, 4, 8], help="requests decoded together")
     ap.add_argument("-k", "--num-speculative-tokens", type=int, default=4)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--max-num-batched-tokens", type=int, default=512)
@@ -128,22 +129,26 @@ def main(argv: list[str] | None = None) -> None:
     ext = [tok.encode(tok.apply_chat_template(c)) for c in extraction_prompts(args.num_prompts)]
     chats, label_max = build_workload(args.num_prompts)
     lab = [tok.encode(tok.apply_chat_template(c)) for c in chats]
-    common = (args.num_speculative_tokens, args.max_num_seqs, args.repeats, args.max_num_batched_tokens)
-    results = {
-        "extraction": run_pair(model, ext, [64] * len(ext), False, *common),
-        "labelling": run_pair(model, lab, label_max, True, *common),
-    }
-    print(f"\nSmolLM2-135M fp32, {args.num_prompts} prompts per workload, max_num_seqs {args.max_num_seqs}, "
-          f"k={args.num_speculative_tokens}, {args.threads} torch threads\n")  # fmt: skip
-    print(f"{'workload':<12}{'out tokens':>11}{'off tok/s':>11}{'on tok/s':>10}{'speedup':>9}{'accepted':>10}"
-          f"{'steps off/on':>14}{'identical':>11}")  # fmt: skip
-    for name, r in results.items():
-        print(f"{name:<12}{r['output_tokens']:>11}{r['off']['output_tokens_per_s']:>11.1f}"
-              f"{r['on']['output_tokens_per_s']:>10.1f}{r['speedup']:>8.2f}x{r['on']['acceptance_rate']:>10.1%}"
-              f"{r['off']['num_steps']:>7}/{r['on']['num_steps']:<6}{r['identical_outputs']:>6}/{args.num_prompts}")
+    results: list[dict[str, Any]] = []
+    for max_num_seqs in args.max_num_seqs:
+        common = (args.num_speculative_tokens, max_num_seqs, args.repeats, args.max_num_batched_tokens)
+        results.append({"workload": "extraction", "max_num_seqs": max_num_seqs,
+                        **run_pair(model, ext, [64] * len(ext), False, *common)})  # fmt: skip
+        results.append({"workload": "labelling", "max_num_seqs": max_num_seqs,
+                        **run_pair(model, lab, label_max, True, *common)})  # fmt: skip
+        print(f"max_num_seqs {max_num_seqs} done", flush=True)
+    print(f"\nSmolLM2-135M fp32, {args.num_prompts} prompts per workload, k={args.num_speculative_tokens}, "
+          f"{args.threads} torch threads, load average at the end {os.getloadavg()[0]:.1f}\n")  # fmt: skip
+    print(f"{'workload':<12}{'seqs':>5}{'out tokens':>11}{'off tok/s':>11}{'on tok/s':>10}{'speedup':>9}"
+          f"{'accepted':>10}{'steps off/on':>14}{'identical':>11}")  # fmt: skip
+    for r in results:
+        print(f"{r['workload']:<12}{r['max_num_seqs']:>5}{r['output_tokens']:>11}"
+              f"{r['off']['output_tokens_per_s']:>11.1f}{r['on']['output_tokens_per_s']:>10.1f}{r['speedup']:>8.2f}x"
+              f"{r['on']['acceptance_rate']:>10.1%}{r['off']['num_steps']:>7}/{r['on']['num_steps']:<6}"
+              f"{r['identical_outputs']:>6}/{args.num_prompts}")  # fmt: skip
     summary = {
         "model": "SmolLM2-135M-Instruct Q4_1 (dequantised, fp32)", "num_prompts": args.num_prompts,
-        "max_num_seqs": args.max_num_seqs, "num_speculative_tokens": args.num_speculative_tokens,
+        "num_speculative_tokens": args.num_speculative_tokens,
         "threads": args.threads, "repeats": args.repeats, "omp_wait_policy": os.environ["OMP_WAIT_POLICY"],
         "machine": platform.platform(), "load_avg_at_end": os.getloadavg(), "results": results,
     }  # fmt: skip

@@ -21,7 +21,7 @@ from sluice.engines.llm.config import EngineConfig, ModelConfig
 from sluice.engines.llm.model import KVCache, LlamaModel
 from sluice.engines.llm.request import Request
 from sluice.engines.llm.sampling import Sampler, SamplingRow
-from sluice.engines.llm.scheduler import ScheduledRequest
+from sluice.engines.llm.scheduler_output import ScheduledRequest
 from sluice.engines.llm.speculation import accept_drafts
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}

@@ -187,6 +187,17 @@ def test_greedy_outputs_are_identical_with_speculation_tiny_model(tiny: Path) ->
     assert spec.kv.num_free_blocks == spec.kv.num_blocks
 
 
+def test_kernel_attention_path_verifies_drafts_too(tiny: Path) -> None:
+    """The path CUDA takes (padded block tables -> kernels.paged_attention with 1 + k query rows), on the CPU."""
+    prompts = _repetitive_prompts(6, seed=13)
+    params = SamplingParams(max_tokens=24)
+    expected = [o.token_ids for o in LLM(tiny, kv_cache_memory_bytes=1 << 24).generate(prompts, params)]
+    llm = LLM(tiny, kv_cache_memory_bytes=1 << 24, num_speculative_tokens=4, speculative_adaptive=False)
+    llm.runner.use_cpu_attention_plan = False
+    assert [o.token_ids for o in llm.generate(prompts, params)] == expected
+    assert llm.stats.num_draft_tokens > 0
+
+
 def test_seeded_samples_are_identical_with_speculation(tiny: Path) -> None:
     prompts = _repetitive_prompts(12, seed=8)
     params = [SamplingParams(max_tokens=30, temperature=0.8, top_k=20, seed=100 + i) for i in range(12)]
