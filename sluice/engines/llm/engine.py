@@ -191,7 +191,9 @@ class LLM:
             return []
         start_s = time.perf_counter()
         sampled = self.runner.execute(out.scheduled)
-        if self.drafter is not None:
+        # The gate weighs drafts against decode steps: fit its cost model on steps without prompt chunks
+        # (a long prefill's per-token cost says little about a few more rows in a decode step).
+        if self.drafter is not None and all(s.num_new_tokens == 1 + len(s.draft_token_ids) for s in out.scheduled):
             self.drafter.record_step(out.num_batched_tokens, time.perf_counter() - start_s)
         tokens, stops = self._check_stops(sampled)
         finished = self.scheduler.update(out, tokens, stops)
