@@ -118,7 +118,9 @@ class Transactions:
                 err: KafkaError = exc.args[0]
                 if err.fatal():
                     raise TransactionFailed(f"transaction commit failed fatally: {err.str()} "
-                                            "(another instance with the same transactional id?)") from None
+                                            "(another instance with the same transactional id? The default is "
+                                            "sluice-<group>-<hostname>: processes sharing a host each need their "
+                                            "own exactly_once.transactional_id)") from None
                 if err.txn_requires_abort():
                     return self._abort(err.str())
                 if err.code() == KafkaError._TIMED_OUT:
