@@ -36,6 +36,7 @@ class Decision:
     wake_at_s: float  # when to look again if nothing else happens (a record arrives, say)
     service_s: float  # predicted service time of ``size``
     rate_per_s: float  # arrival-rate estimate used
+    max_tokens: int | None = None  # padded tokens the batch may hold (``size`` at the recent mean length)
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,9 +68,11 @@ class ServiceModel:
         self._prior = ServiceCost(prior_fixed_s, 0.0, prior_per_item_s, 0.0)
         self._cost: ServiceCost | None = None
         self.tokens_per_item = 1.0  # recent mean padded tokens per record (1 when lengths are not measured)
+        self.measures_tokens = False  # some batch reported padded tokens other than its size
 
     def observe(self, batch_size: int, service_s: float, padded_tokens: int | None = None) -> None:
         tokens = float(padded_tokens if padded_tokens is not None else batch_size)
+        self.measures_tokens = self.measures_tokens or tokens != batch_size
         self._obs.append((float(batch_size), tokens, service_s))
         self.tokens_per_item += 0.1 * (tokens / max(1, batch_size) - self.tokens_per_item)
         self._cost = None
@@ -167,5 +170,7 @@ class AdaptivePolicy:
         if best_size:  # worth waiting: a bigger batch serves more per second and still meets the target
             return Decision(False, best_size, best_wake, self.service.predict(best_size), rate)
         # Go now, with the most efficient batch the queue allows: serving a backlog in pieces smaller than
-        # that pays the fixed cost again for the records behind, and under load loses the race.
-        return Decision(True, go_size, now_s, self.service.predict(go_size), rate)
+        # that pays the fixed cost again for the records behind, and under load loses the race. Its token
+        # budget is that size at the recent mean length, so a batch of long records holds fewer of them.
+        max_tokens = math.ceil(go_size * self.service.tokens_per_item) if self.service.measures_tokens else None
+        return Decision(True, go_size, now_s, self.service.predict(go_size), rate, max_tokens)

@@ -133,26 +133,32 @@ class Batcher(Generic[T]):
         heads = [b.entries[0].deadline_s for b in self._buckets.values() if b.entries]
         return min(heads) if heads else None
 
-    def next_batch(self, now: float, max_size: int | None = None, horizon_s: float = 0.0) -> list[T] | None:
+    def next_batch(self, now: float, max_size: int | None = None, horizon_s: float = 0.0,
+                   max_tokens: int | None = None) -> list[T] | None:
         """Close and return the batch that is due at ``now``, or None when no batch is due yet.
 
         Call it only when the engine can take a batch: a due batch keeps growing until then. ``max_size``
         lowers ``max_batch_size`` for this call (after the engine ran out of memory, say). ``horizon_s`` is
         how long the engine is expected to take: a record whose deadline falls within it joins a batch due by
         time like an expired one, because waiting for its own turn would find the engine busy and make it late.
+        ``max_tokens`` lowers ``max_batch_tokens`` for this call (the adaptive policy's choice).
         """
         size = self.policy.max_batch_size if max_size is None else max(1, min(max_size, self.policy.max_batch_size))
         due = self._due_bucket(now, size)
         if due is None:
             return None
-        return self._take(due[0], now, size, now + max(0.0, horizon_s), top_up=due[1])
+        cap = self.policy.max_batch_tokens
+        if max_tokens is not None:
+            cap = max(1, max_tokens if cap is None else min(cap, max_tokens))
+        return self._take(due[0], now, size, now + max(0.0, horizon_s), top_up=due[1], max_tokens=cap)
 
     def drain(self) -> list[list[T]]:
         """Every queued item, cut into batches that respect the size and token caps (for shutdown)."""
         batches = []
         while self._count:
             key = min(self._buckets, key=lambda k: self._buckets[k].entries[0].seq)
-            batches.append(self._take(key, float("inf"), self.policy.max_batch_size, float("inf"), top_up=True))
+            batches.append(self._take(key, float("inf"), self.policy.max_batch_size, float("inf"), top_up=True,
+                                      max_tokens=self.policy.max_batch_tokens))
         return batches
 
     def remove(self, predicate: Callable[[T], bool]) -> list[T]:
@@ -205,7 +211,8 @@ class Batcher(Generic[T]):
             return oldest_key, True
         return None
 
-    def _take(self, key: int, now: float, size: int, late_s: float, top_up: bool) -> list[T]:
+    def _take(self, key: int, now: float, size: int, late_s: float, top_up: bool,
+              max_tokens: int | None) -> list[T]:
         """Cut one batch starting from bucket ``key``; top it up from neighbouring buckets if it is due by
         time and still has room, so expired records elsewhere are not left behind.
 
@@ -226,7 +233,7 @@ class Batcher(Generic[T]):
             while bucket.entries and len(batch) < size:
                 entry = bucket.entries[0]
                 new_longest = max(longest, entry.length)
-                if batch and p.max_batch_tokens is not None and (len(batch) + 1) * new_longest > p.max_batch_tokens:
+                if batch and max_tokens is not None and (len(batch) + 1) * new_longest > max_tokens:
                     break
                 if k != key and entry.deadline_s > late_s:
                     added_padding = (new_longest - entry.length) + len(batch) * (new_longest - longest)

@@ -87,6 +87,7 @@ class EngineWorker(threading.Thread):
                 wake_at = s.batcher.next_deadline()
                 if not s.hold:
                     limit = self.governor.limit
+                    max_tokens = None
                     due_at = float("inf") if s.draining else now
                     if s.adaptive is not None and not s.draining and wake_at is not None:
                         decision = s.adaptive.decide(now, len(s.batcher),
@@ -94,10 +95,10 @@ class EngineWorker(threading.Thread):
                         log.debug("adaptive batching: %s", decision)
                         self.observer.batching_decided(decision)
                         if decision.dispatch_now:
-                            due_at, limit = float("inf"), min(limit, decision.size)
+                            due_at, limit, max_tokens = float("inf"), min(limit, decision.size), decision.max_tokens
                         else:
                             wake_at = min(wake_at, decision.wake_at_s)
-                    batch = s.batcher.next_batch(due_at, limit, self.service_estimate_s)
+                    batch = s.batcher.next_batch(due_at, limit, self.service_estimate_s, max_tokens)
                     if batch:
                         s.busy = True
                         s.num_batches += 1

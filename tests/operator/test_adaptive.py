@@ -187,6 +187,18 @@ def test_on_an_engine_with_no_fixed_cost_it_does_not_wait_for_batches() -> None:
     assert decision.dispatch_now and decision.size == 1
 
 
+def test_a_backlog_decision_carries_a_token_budget_once_lengths_are_measured() -> None:
+    policy = AdaptivePolicy(target_s=0.5, max_batch_size=64)
+    for b in [1, 2, 4, 8, 16, 32, 64] * 5:
+        policy.service.observe(b, 0.0025 + 0.00009 * 40 * b + 2e-7 * (40 * b) ** 2, 40 * b)
+    decision = policy.decide(now_s=1.0, num_queued=500, oldest_arrival_s=0.0)  # a backlog: go now
+    assert decision.dispatch_now and decision.max_tokens is not None
+    assert decision.max_tokens == pytest.approx(decision.size * policy.service.tokens_per_item, abs=1)
+    plain = AdaptivePolicy(target_s=0.5, max_batch_size=64)
+    plain.service.observe(8, 0.01)  # no lengths (tokens == records): no token budget
+    assert plain.decide(now_s=1.0, num_queued=500, oldest_arrival_s=0.0).max_tokens is None
+
+
 def test_arrival_rate_tracks_steps_and_decays_when_the_stream_stops() -> None:
     est = ArrivalRate(horizon_s=0.5)
     t = 0.0

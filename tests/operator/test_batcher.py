@@ -113,6 +113,14 @@ def test_a_backlog_of_a_full_batch_over_several_buckets_goes_without_waiting() -
     assert len(b) == 2
 
 
+def test_a_token_cap_given_per_call_lowers_the_policy_budget() -> None:
+    b: Batcher[int] = Batcher(BatchPolicy(max_batch_size=32, max_queue_delay_s=0.0, max_batch_tokens=1000))
+    for i in range(10):
+        b.add(i, now=0.0, length=50)
+    assert b.next_batch(now=0.0, max_tokens=200) == [0, 1, 2, 3]  # 4 x 50 tokens
+    assert b.next_batch(now=0.0, max_tokens=5000) == [4, 5, 6, 7, 8, 9]  # the policy's 1000 still holds
+
+
 def test_remove_takes_out_only_matching_items() -> None:
     b: Batcher[int] = Batcher(BatchPolicy(max_batch_size=10, max_queue_delay_s=1.0))
     for i in range(6):
