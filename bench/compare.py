@@ -66,8 +66,8 @@ def make_contender(peer: str, workload: str, batch: int, delay_ms: int) -> Conte
 
 @dataclass(frozen=True)
 class Settings:
-    num_records: dict[str, int]  # records in the burst of each saturation run, per workload (a short burst
-    # is mostly ramp-up: 500 MiniLM records, about 2 s, read 10-20 % below what 2,000 sustain)
+    num_records: dict[str, int]  # records in the burst of each saturation run, per workload (500 MiniLM
+    # records, about 2 s, were too short: two rounds of the per-record loop read 151 and 193 records/s)
     latency_s: float  # offered-load duration, per load level
     latency_workloads: tuple[str, ...]
     rounds: int  # embed saturation runs of each contender at its default batch, alternating; the best counts
