@@ -27,6 +27,7 @@ from pydantic import (
 )
 
 from sluice.engines import registry
+from sluice.operator.batcher import BatchPolicy
 
 
 class ConfigError(Exception):
@@ -117,6 +118,14 @@ class Batching(_Strict):
     # engine's service time and the arrival rate and chooses each batch's size (up to max_batch_size);
     # max_queue_delay_ms is not used.
     latency_target_ms: float | None = Field(default=None, gt=0)
+
+    def policy(self) -> BatchPolicy:
+        """The batcher's policy. In adaptive mode the target stands in for the delay: the policy then
+        decides when a batch goes, and a record is never held past the target by the batcher itself."""
+        delay_ms = self.latency_target_ms if self.latency_target_ms is not None else self.max_queue_delay_ms
+        return BatchPolicy(max_batch_size=self.max_batch_size, max_queue_delay_s=delay_ms / 1000,
+                           bucket_by_length=self.bucket_by == "tokens", max_batch_tokens=self.max_batch_tokens,
+                           bucket_width=self.bucket_width)
 
 
 class EngineSection(BaseModel):

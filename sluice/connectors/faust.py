@@ -27,7 +27,7 @@ How it works and what it guarantees:
   the batch after that window's last one -- after its loop body has handled (sent) every result of the
   window. A crash before that re-delivers the whole window.
 * Every event of a window comes back exactly once, in some batch, with a ``result`` or an ``error``: a
-  record the engine rejects (``prepare`` or, after the failing batch is retried record by record, ``infer``)
+  record the engine rejects (``prepare``, or ``infer`` once the failing batch is bisected down to it)
   carries the reason and no result. The agent decides where it goes (a dead-letter topic, say).
 """
 
@@ -45,7 +45,8 @@ from pydantic import ValidationError
 from sluice.config import Batching, EngineSection
 from sluice.engines import registry
 from sluice.engines.base import BatchEngine, EngineContext, first_line
-from sluice.operator.batcher import Batcher, BatchPolicy
+from sluice.operator.batcher import Batcher
+from sluice.operator.errors import Failed, infer_isolating
 
 
 class EventLike(Protocol):
@@ -91,9 +92,7 @@ class Enricher:
             raise FaustAdapterError("batching.latency_target_ms (adaptive batching) is not available in Faust agents")
         if window_batches < 1:
             raise FaustAdapterError("window_batches must be at least 1")
-        self.policy = BatchPolicy(max_batch_size=b.max_batch_size, max_queue_delay_s=b.max_queue_delay_ms / 1000,
-                                  bucket_by_length=b.bucket_by == "tokens", max_batch_tokens=b.max_batch_tokens,
-                                  bucket_width=b.bucket_width)
+        self.policy = b.policy()
         self.engine = engine if isinstance(engine, BatchEngine) else _build_engine(engine, b)
         self._input = to_input
         self._window = window_batches * b.max_batch_size
@@ -166,16 +165,14 @@ class Enricher:
         out = [Enriched(e, e.value, error=err) for e, _, err in batch if err is not None]
         if not ok:
             return out
-        try:
-            results = self.engine.infer([item for _, item in ok])
-            return [Enriched(e, e.value, result=r) for (e, _), r in zip(ok, results, strict=True)] + out
-        except Exception:  # find the records the engine fails on; the others still get results
-            pass
-        for e, item in ok:
-            try:
-                out.append(Enriched(e, e.value, result=self.engine.infer([item])[0]))
-            except Exception as err:
+        # a failing batch is bisected until the records the engine fails on are isolated (as under `sluice run`)
+        outcomes = infer_isolating(self.engine.infer, [item for _, item in ok])
+        for (e, _), outcome in zip(ok, outcomes, strict=True):
+            if isinstance(outcome, Failed):
+                err = outcome.error
                 out.append(Enriched(e, e.value, error=f"infer: {type(err).__name__}: {first_line(err)}"))
+            else:
+                out.append(Enriched(e, e.value, result=outcome))
         return out
 
 

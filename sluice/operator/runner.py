@@ -28,7 +28,7 @@ from typing import Any, Protocol, cast
 from sluice.config import LoadedPipeline
 from sluice.engines.base import BatchEngine, ContinuousEngine, RecordError
 from sluice.operator.adaptive import AdaptivePolicy
-from sluice.operator.batcher import Batcher, BatchPolicy
+from sluice.operator.batcher import Batcher
 from sluice.operator.continuous import ContinuousWorker
 from sluice.operator.emitter import Emitter, Sink
 from sluice.operator.observer import Observer
@@ -87,10 +87,7 @@ class Runner:
         self.codec = RecordCodec(p.codec, p.sink.output)
         self.max_records, self.idle_exit_s, self.clock = max_records, idle_exit_s, clock
         b = p.batching
-        delay_ms = b.latency_target_ms if b.latency_target_ms is not None else b.max_queue_delay_ms
-        policy = BatchPolicy(max_batch_size=b.max_batch_size, max_queue_delay_s=delay_ms / 1000,
-                             bucket_by_length=b.bucket_by == "tokens", max_batch_tokens=b.max_batch_tokens,
-                             bucket_width=b.bucket_width)
+        policy = b.policy()
         self.state = SharedState(batcher=Batcher(policy), tracker=OffsetTracker())
         if b.latency_target_ms is not None:
             self.state.adaptive = AdaptivePolicy(b.latency_target_ms / 1000, b.max_batch_size)
