@@ -30,6 +30,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource
 from sluice.config import KafkaSecurity
 from sluice.config import KafkaSink as KafkaSinkConfig
 from sluice.config import KafkaSource as KafkaSourceConfig
+from sluice.operator.emitter import ProduceFailed
 from sluice.operator.record import InputRecord, TopicPartition
 
 log = logging.getLogger(__name__)
@@ -286,6 +287,8 @@ class KafkaSink:
             "linger.ms": 5,
             "queue.buffering.max.messages": 500_000,
             "logger": logging.getLogger("sluice.librdkafka.producer"),
+            # without it, confluent-kafka raises a fatal error (a fenced producer) out of poll() and flush()
+            "error_cb": self._on_error,
         }
         if transactional_id is not None:
             conf.update({"transactional.id": transactional_id, "transaction.timeout.ms": transaction_timeout_ms})
@@ -293,6 +296,7 @@ class KafkaSink:
             conf.update(security_config(cfg.security))
             conf.update(cfg.config)
         self._conf = conf
+        self._transactional = transactional_id is not None
         self._producer = Producer(conf)
         self._poller = threading.get_ident()  # the thread that serves delivery reports
 
@@ -335,6 +339,9 @@ class KafkaSink:
                 self._producer.produce(topic, value, key, headers=cast(Any, headers) or None,
                                        on_delivery=on_delivery)
                 return
+            except KafkaException as exc:
+                err: KafkaError = exc.args[0]
+                raise ProduceFailed(f"cannot produce to {topic}: {err.str()}{self._hint(err)}") from None
             except BufferError:
                 if threading.get_ident() == self._poller:
                     self._producer.poll(0.05)
@@ -344,17 +351,40 @@ class KafkaSink:
     def poll(self, timeout_s: float = 0) -> int:
         """Serve delivery callbacks; returns how many were served."""
         self._poller = threading.get_ident()
-        served: int = self._producer.poll(timeout_s)
+        try:
+            served: int = self._producer.poll(timeout_s)
+        except KafkaException as exc:
+            self._on_error(exc.args[0])
+            return 0
         return served
 
     def flush(self, timeout_s: float) -> int:
         """Wait for outstanding deliveries; returns how many are still outstanding."""
         self._poller = threading.get_ident()
-        left: int = self._producer.flush(timeout_s)
+        try:
+            left: int = self._producer.flush(timeout_s)
+        except KafkaException as exc:
+            self._on_error(exc.args[0])
+            return len(self._producer)
         return left
 
     def __len__(self) -> int:
         return len(self._producer)
+
+    def _on_error(self, err: KafkaError) -> None:
+        """Client-level errors, from librdkafka's error callback or raised out of poll() / flush() (as
+        confluent-kafka does with a transactional producer's fatal error). A fatal one also fails every queued
+        delivery and the next produce or transaction call, which stop the operator; this says why."""
+        if err.fatal():
+            log.error("kafka producer: fatal error: %s%s", err.str(), self._hint(err))
+        else:  # transient (broker down, leader moving): librdkafka retries by itself
+            log.warning("kafka producer: %s", err.str())
+
+    def _hint(self, err: KafkaError) -> str:
+        if err.fatal() and self._transactional:
+            return (" (under exactly-once this usually means that another running process registered the same "
+                    "transactional id and fenced this one)")
+        return ""
 
     def max_message_bytes(self, topic: str) -> int:
         """The largest record ``topic`` accepts: the smaller of its ``max.message.bytes`` and this producer's

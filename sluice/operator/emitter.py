@@ -28,9 +28,13 @@ Output = tuple[str, bytes | None, bytes | None, list[tuple[str, bytes]]]  # topi
 Failure = tuple[InputRecord, str, BaseException | None]  # record, stage, error
 
 
+class ProduceFailed(Exception):
+    """The sink refused a record for good (a fatal client error, a fenced producer...). One line for the user."""
+
+
 class Sink(Protocol):
     def produce(self, topic: str, value: bytes | None, key: bytes | None, headers: list[tuple[str, bytes]],
-                on_delivery: Any) -> None: ...
+                on_delivery: Any) -> None: ...  # raises ProduceFailed
     def poll(self, timeout_s: float = 0) -> int: ...
     def flush(self, timeout_s: float) -> int: ...
     def max_message_bytes(self, topic: str) -> int: ...
@@ -133,8 +137,11 @@ class Emitter:
             return
         delivery.left = len(outputs)  # set before the first produce can be reported
         produce = self.sink.produce
-        for topic, value, key, headers in outputs:
-            produce(topic, value, key, headers, delivery)
+        try:
+            for topic, value, key, headers in outputs:
+                produce(topic, value, key, headers, delivery)
+        except ProduceFailed as err:  # none of this batch is acked, so nothing past it is committed
+            self.fatal = f"{err}; stopping without committing past this batch's inputs"
 
     def delivered(self, delivery: _Delivery) -> None:
         """Main thread, from a delivery report: every output of ``delivery`` is on the broker."""

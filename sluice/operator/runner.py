@@ -261,11 +261,15 @@ class Runner:
             s.batcher.remove(lambda p: p.record.tp in revoked)
         if isinstance(self.worker, ContinuousWorker):
             self.worker.drop(revoked)  # unfinished requests of these partitions: the next owner redoes them
-        if self.transactions is not None and self.emitter.fatal is None:
-            try:  # commit first: the transaction holds the outputs of these partitions' in-flight records
-                self.transactions.commit(self.clock(), s.num_batches)
-            except TransactionFailed as err:
-                self.emitter.fatal = str(err)
+        if self.transactions is not None:
+            if self.emitter.fatal is None:
+                try:  # commit first: the transaction holds the outputs of these partitions' in-flight records
+                    self.transactions.commit(self.clock(), s.num_batches)
+                except TransactionFailed as err:
+                    self.emitter.fatal = str(err)
+            # Offsets are committed inside transactions only. After a fatal error (a fenced producer) the
+            # outputs of the acknowledged records belong to an aborted transaction: committing their offsets
+            # here would lose them.
             watermarks: dict[TopicPartition, int] = {}
         else:
             self._hold_engine()

@@ -100,7 +100,10 @@ class Transactions:
     # ------------------------------------------------------------------------------------------ inner
 
     def _begin(self, now_s: float, num_batches: int) -> None:
-        self.sink.begin_transaction()
+        try:
+            self.sink.begin_transaction()
+        except KafkaException as exc:  # a fatal error (fenced) surfaces here when it came between commits
+            raise _fatal("beginning a transaction", exc.args[0]) from None
         self.is_open = True
         self._opened_s, self._num_batches_at_open = now_s, num_batches
 
@@ -117,10 +120,7 @@ class Transactions:
             except KafkaException as exc:
                 err: KafkaError = exc.args[0]
                 if err.fatal():
-                    raise TransactionFailed(f"transaction commit failed fatally: {err.str()} "
-                                            "(another instance with the same transactional id? The default is "
-                                            "sluice-<group>-<hostname>: processes sharing a host each need their "
-                                            "own exactly_once.transactional_id)") from None
+                    raise _fatal("transaction commit", err) from None
                 if err.txn_requires_abort():
                     return self._abort(err.str())
                 if err.code() == KafkaError._TIMED_OUT:
@@ -141,7 +141,7 @@ class Transactions:
         except KafkaException as exc:
             err: KafkaError = exc.args[0]
             if err.fatal():
-                raise TransactionFailed(f"transaction abort failed fatally: {err.str()}") from None
+                raise _fatal("transaction abort", err) from None
             return self._ambiguous(f"abort failed: {err.str()}")
         self._rewind()
         return False
@@ -166,3 +166,12 @@ class Transactions:
             self.source.rewind(self.source.assignment)
         except KafkaException as exc:
             raise TransactionFailed(f"cannot rewind to the committed offsets: {exc.args[0].str()}") from None
+
+
+def _fatal(what: str, err: KafkaError) -> TransactionFailed:
+    hint = ""
+    if err.code() == KafkaError._FENCED or "fenced" in err.str():
+        hint = (" (another running process registered the same transactional id. Each needs its own: the "
+                "default, sluice-<group>-<hostname>-<slot>, is unique on one host; set "
+                "exactly_once.transactional_id per process only where hostnames repeat)")
+    return TransactionFailed(f"{what} failed fatally: {err.str()}{hint}")

@@ -1,0 +1,56 @@
+"""Two processes with one transactional id: the older is fenced, says so in one line, and loses nothing.
+
+A user who copies one pipeline file with an explicit ``exactly_once.transactional_id`` to two hosts gets
+this. The fenced process must stop (it may not write another record) with a message that names the cause,
+not a traceback; whatever it had not committed is done again by the group, so a ``read_committed`` reader
+still sees every input exactly once.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.reliability.ledger import Progress, open_transaction_partitions, read_tally, sequenced
+from tests.reliability.operators import Operator, wait_until
+from tests.reliability.pipelines import make_topics, write_pipeline
+from tests.support.kafka import committed_offsets, end_offsets, produce, unique_topic
+
+pytestmark = [pytest.mark.kafka, pytest.mark.reliability]
+
+NUM_RECORDS = 6_000
+ENV = {"RELIABILITY_BATCH_MS": "20"}  # at most 50 records / 20 ms = 2,500 records/s per operator
+
+
+def test_a_duplicated_transactional_id_fences_the_older_process_cleanly(kafka_bootstrap: str,
+                                                                        tmp_path: Path) -> None:
+    topics = make_topics(kafka_bootstrap, partitions=4)
+    t_in, t_out, t_dlq = topics
+    produce(kafka_bootstrap, t_in, sequenced(NUM_RECORDS))
+    group = unique_topic("g")
+    eos = {"transactional_id": f"copied-{group}", "transaction_interval_ms": 200}
+    pipeline = write_pipeline(tmp_path / "p.yaml", kafka_bootstrap, topics, group,
+                              runtime={"commit_interval_ms": 20, "drain_timeout_s": 20}, exactly_once=eos)
+    progress = Progress(kafka_bootstrap, t_out)
+    older = newer = None
+    try:
+        older = Operator(pipeline, tmp_path / "older.log", env=ENV)
+        wait_until(lambda: progress.count() >= 500, 120, "the first process to produce", (older,))
+        newer = Operator(pipeline, tmp_path / "newer.log", idle_exit_s=3, env=ENV)
+        assert older.wait(60) == 1, older.log()[-3000:]
+        assert newer.wait(240) == 0, newer.log()[-3000:]
+    finally:
+        progress.close()
+        for op in (older, newer):
+            if op is not None:
+                op.close()
+    log = older.log()
+    assert "Traceback" not in log, log[-3000:]
+    assert "fenced" in log.lower() and "transactional id" in log, log[-3000:]
+    assert "Traceback" not in newer.log()
+    tally = read_tally(kafka_bootstrap, t_out, t_dlq, isolation="read_committed", min_records=NUM_RECORDS)
+    assert tally.missing(NUM_RECORDS) == []
+    assert tally.num_duplicates == 0
+    assert committed_offsets(kafka_bootstrap, group, t_in) == end_offsets(kafka_bootstrap, t_in)
+    assert open_transaction_partitions(kafka_bootstrap, t_out) == {}
