@@ -192,7 +192,8 @@ class ExactlyOnce(_Strict):
     """Settings of ``delivery: exactly_once`` (a transactional producer, offsets inside the transaction)."""
 
     # Must be unique per running process and stable across its restarts (so a restart fences its zombie
-    # and aborts the transaction it left open). Default: sluice-<group_id>-<hostname>.
+    # and aborts the transaction it left open). Default: sluice-<group_id>-<hostname>-<slot>, the slot being
+    # the lowest free one among this group's processes on the host (sluice/operator/instance.py).
     transactional_id: str | None = Field(default=None, min_length=1)
     transaction_interval_ms: int = Field(default=500, ge=10)  # commit at least this often...
     transaction_max_batches: int = Field(default=64, ge=1)  # ...or after this many batches

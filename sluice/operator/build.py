@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import socket
 import time
 from typing import Any
@@ -9,8 +10,11 @@ from typing import Any
 from sluice.config import LoadedPipeline
 from sluice.engines import registry
 from sluice.engines.base import BatchEngine, ContinuousEngine, EngineContext, EngineStartError
+from sluice.operator.instance import InstanceSlot, NoFreeSlot, claim_slot
 from sluice.operator.observer import Observer
 from sluice.operator.runner import Runner
+
+log = logging.getLogger(__name__)
 
 
 class StartError(Exception):
@@ -57,18 +61,28 @@ def build_runner(loaded: LoadedPipeline, *, observer: Observer | None = None,
         raise
     observer.engine_started(engine, time.monotonic() - started_s)
     exactly_once = p.delivery == "exactly_once"
-    txn_id = None
-    if exactly_once:
-        txn_id = p.exactly_once.transactional_id or f"sluice-{p.source.kafka.group_id}-{socket.gethostname()}"
+    slot: InstanceSlot | None = None
     try:
+        txn_id = None
+        if exactly_once:
+            txn_id = p.exactly_once.transactional_id
+            if txn_id is None:
+                slot = claim_slot(p.source.kafka.group_id)
+                txn_id = f"sluice-{p.source.kafka.group_id}-{socket.gethostname()}-{slot.slot}"
+            log.info("exactly-once with transactional id %s", txn_id)
         source = KafkaSource(p.source.kafka, p.runtime.commit_interval_ms, transactional=exactly_once)
         sink = KafkaSink(p.sink.kafka.bootstrap_servers or p.source.kafka.bootstrap_servers, p.sink.kafka,
                          transactional_id=txn_id, transaction_timeout_ms=p.exactly_once.transaction_timeout_ms)
-    except KafkaException as err:
+    except (KafkaException, NoFreeSlot) as err:
+        if slot is not None:
+            slot.release()
         engine.close()
         observer.stopped()
+        if isinstance(err, NoFreeSlot):
+            raise StartError(f"exactly-once: {err}") from None
         raise StartError(f"kafka client configuration: {err.args[0].str()}") from None
-    return Runner(loaded, source, sink, engine, observer=observer, **limits), engine
+    on_close = (slot.release,) if slot is not None else ()
+    return Runner(loaded, source, sink, engine, observer=observer, on_close=on_close, **limits), engine
 
 
 def _build_observer(loaded: LoadedPipeline) -> Observer:

@@ -21,7 +21,7 @@ import gc
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
@@ -80,7 +80,10 @@ class Runner:
 
     def __init__(self, loaded: LoadedPipeline, source: Source, sink: Sink, engine: BatchEngine | ContinuousEngine, *,
                  max_records: int | None = None, idle_exit_s: float | None = None,
-                 clock: Callable[[], float] = time.monotonic, observer: Observer | None = None) -> None:
+                 clock: Callable[[], float] = time.monotonic, observer: Observer | None = None,
+                 on_close: Sequence[Callable[[], None]] = ()) -> None:
+        """``on_close``: called once the run has ended and the source is closed (releases what the builder
+        claimed for this run, such as an instance slot)."""
         p = loaded.pipeline
         self.pipeline = p
         self.source, self.sink, self.engine = source, sink, engine
@@ -102,6 +105,7 @@ class Runner:
         else:
             self.worker = EngineWorker(self.state, engine, self.emitter.settle, clock, self.observer)
         self._stop = threading.Event()
+        self._on_close = tuple(on_close)
         self._max_in_flight = p.runtime.max_in_flight
         self._resume_below = max(1, self._max_in_flight // 2)
         self.transactions: Transactions | None = None
@@ -155,7 +159,11 @@ class Runner:
         except TransactionFailed as err:
             self.emitter.fatal = str(err)
         finally:
-            self._shutdown()
+            try:
+                self._shutdown()
+            finally:
+                for close in self._on_close:
+                    close()
             self.observer.stopped()
             gc.set_threshold(*gc_thresholds)
             gc.unfreeze()

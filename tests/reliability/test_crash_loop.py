@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 import random
+import re
+import socket
 import time
 from pathlib import Path
 
@@ -46,12 +48,13 @@ def crash_loop(bootstrap: str, tmp_path: Path, exactly_once: dict[str, object] |
         batching={"max_batch_size": MAX_BATCH, "max_queue_delay_ms": 5},
         runtime={"max_in_flight": MAX_IN_FLIGHT, "commit_interval_ms": COMMIT_INTERVAL_MS, "drain_timeout_s": 20},
         exactly_once=exactly_once)
+    env = {**ENV, "SLUICE_RUN_DIR": str(tmp_path / "run")}  # instance slots of this test only
     progress = Progress(bootstrap, t_out, t_dlq)
     try:
         for crash in range(NUM_CRASHES):
             before = progress.count()
             target = before + rng.randint(500, 2500)
-            op = Operator(pipeline, tmp_path / f"run{crash}.log", env=ENV)
+            op = Operator(pipeline, tmp_path / f"run{crash}.log", env=env)
             try:
                 wait_until(lambda target=target: progress.count() >= target, 120,
                            f"crash {crash}: output to grow past {target} (seed {SEED})", (op,))
@@ -63,7 +66,7 @@ def crash_loop(bootstrap: str, tmp_path: Path, exactly_once: dict[str, object] |
         assert progress.count() < NUM_RECORDS, "the crashes did not all happen mid-stream"
     finally:
         progress.close()
-    final = Operator(pipeline, tmp_path / "final.log", idle_exit_s=3, env=ENV)
+    final = Operator(pipeline, tmp_path / "final.log", idle_exit_s=3, env=env)
     try:
         assert final.wait(240) == 0, final.log()[-3000:]
         assert "Traceback" not in final.log()
@@ -78,8 +81,14 @@ def crash_loop(bootstrap: str, tmp_path: Path, exactly_once: dict[str, object] |
 
 
 def test_exactly_once_survives_kill_9_loop(kafka_bootstrap: str, tmp_path: Path) -> None:
-    eos = {"transactional_id": f"crash-loop-{unique_topic('tx')}", "transaction_interval_ms": 200}
-    tally, poison, _, (_, t_out, t_dlq) = crash_loop(kafka_bootstrap, tmp_path, eos, isolation="read_committed")
+    # The default transactional id: each restart must take its killed predecessor's (instance slot 0 is
+    # free again) so that registering it aborts the transaction the predecessor left open.
+    eos = {"transaction_interval_ms": 200}
+    tally, poison, group, (_, t_out, t_dlq) = crash_loop(kafka_bootstrap, tmp_path, eos,
+                                                         isolation="read_committed")
+    ids = {m.group(1) for log in sorted(tmp_path.glob("*.log"))
+           for m in re.finditer(r"exactly-once with transactional id (\S+)", log.read_text())}
+    assert ids == {f"sluice-{group}-{socket.gethostname()}-0"}, ids
     assert tally.num_duplicates == 0, (
         f"{tally.num_duplicates} inputs seen more than once by a read_committed reader (seed {SEED})")
     assert all(tally.dead_counts[i] == 1 for i in poison)
