@@ -363,6 +363,8 @@ class Runner:
                     self.transactions.commit(self.clock(), s.num_batches, reopen=False)
                 except TransactionFailed as err:
                     self.emitter.fatal = str(err)
+            else:  # it holds outputs of records whose offsets will not be committed: settle it now
+                self.transactions.abort_open()
         else:
             left = self.sink.flush(max(1.0, deadline - self.clock()))
             with s.cond:

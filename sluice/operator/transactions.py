@@ -97,6 +97,21 @@ class Transactions:
                 self._begin(now_s, num_batches)
             self._release()
 
+    def abort_open(self) -> None:
+        """Stopping on an error: abort the open transaction now, so that ``read_committed`` readers of the
+        output topics do not wait for the broker's transaction timeout. Never raises: a fenced producer
+        cannot abort, and needs not (the process that fenced it did)."""
+        if not self.is_open:
+            return
+        self.is_open = False
+        try:
+            self.sink.abort_transaction(_COMMIT_TIMEOUT_S)
+            self.num_aborted += 1
+            log.info("aborted the open transaction: its records will be processed again")
+        except KafkaException as exc:
+            log.warning("could not abort the open transaction (%s); the broker aborts it after "
+                        "transaction_timeout_ms", exc.args[0].str())
+
     # ------------------------------------------------------------------------------------------ inner
 
     def _begin(self, now_s: float, num_batches: int) -> None:

@@ -1,9 +1,12 @@
-"""Two processes with one transactional id: the older is fenced, says so in one line, and loses nothing.
+"""Exactly-once operators that stop on an error: they say why in one line, lose nothing, block no reader.
 
-A user who copies one pipeline file with an explicit ``exactly_once.transactional_id`` to two hosts gets
-this. The fenced process must stop (it may not write another record) with a message that names the cause,
-not a traceback; whatever it had not committed is done again by the group, so a ``read_committed`` reader
-still sees every input exactly once.
+* Two processes with one transactional id (a pipeline file with an explicit id copied to two hosts): the
+  older is fenced and must stop -- it may not write another record -- with a message naming the cause, not a
+  traceback; whatever it had not committed is done again by the group, so a ``read_committed`` reader still
+  sees every input exactly once.
+* A record the engine cannot handle and no dead-letter topic: the operator stops without committing past
+  it, and aborts its open transaction on the way out, so ``read_committed`` readers of the output topic are
+  not held back until the broker's transaction timeout (a minute by default).
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.reliability.ledger import Progress, open_transaction_partitions, read_tally, sequenced
 from tests.reliability.operators import Operator, wait_until
@@ -20,6 +24,7 @@ from tests.support.kafka import committed_offsets, end_offsets, produce, unique_
 pytestmark = [pytest.mark.kafka, pytest.mark.reliability]
 
 NUM_RECORDS = 6_000
+FIRST_POISON = 3_000
 ENV = {"RELIABILITY_BATCH_MS": "20"}  # at most 50 records / 20 ms = 2,500 records/s per operator
 
 
@@ -54,3 +59,27 @@ def test_a_duplicated_transactional_id_fences_the_older_process_cleanly(kafka_bo
     assert tally.num_duplicates == 0
     assert committed_offsets(kafka_bootstrap, group, t_in) == end_offsets(kafka_bootstrap, t_in)
     assert open_transaction_partitions(kafka_bootstrap, t_out) == {}
+
+
+def test_a_stop_on_a_poison_record_aborts_the_open_transaction(kafka_bootstrap: str, tmp_path: Path) -> None:
+    topics = make_topics(kafka_bootstrap, partitions=1)
+    t_in, t_out, t_dlq = topics
+    produce(kafka_bootstrap, t_in, sequenced(NUM_RECORDS, {FIRST_POISON}))
+    group = unique_topic("g")
+    # long transactions, so that one is open, holding outputs, when the poison record comes
+    eos = {"transaction_interval_ms": 30_000, "transaction_max_batches": 1000, "transaction_timeout_ms": 60_000}
+    pipeline = write_pipeline(tmp_path / "p.yaml", kafka_bootstrap, topics, group, exactly_once=eos)
+    doc = yaml.safe_load(pipeline.read_text())
+    del doc["dead_letter"]
+    pipeline.write_text(yaml.safe_dump(doc))
+    op = Operator(pipeline, tmp_path / "op.log", env={**ENV, "SLUICE_RUN_DIR": str(tmp_path / "run")})
+    try:
+        assert op.wait(120) == 1, op.log()[-3000:]
+    finally:
+        op.close()
+    log = op.log()
+    assert "Traceback" not in log, log[-3000:]
+    assert open_transaction_partitions(kafka_bootstrap, t_out) == {}  # at once, not after 60 s
+    assert "no dead_letter topic is configured" in log and "aborted the open transaction" in log, log[-3000:]
+    committed = committed_offsets(kafka_bootstrap, group, t_in)
+    assert all(offset <= FIRST_POISON for offset in committed.values()), committed
