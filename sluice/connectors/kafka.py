@@ -30,7 +30,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource
 from sluice.config import KafkaSecurity
 from sluice.config import KafkaSink as KafkaSinkConfig
 from sluice.config import KafkaSource as KafkaSourceConfig
-from sluice.operator.emitter import ProduceFailed
+from sluice.operator.io_errors import ProduceFailed, SourceFailed
 from sluice.operator.record import InputRecord, TopicPartition
 
 log = logging.getLogger(__name__)
@@ -98,18 +98,28 @@ class KafkaSource:
         self._consumer.subscribe(list(self.cfg.topics), on_assign=assigned, on_revoke=revoked, on_lost=lost)
 
     def poll(self, max_records: int, timeout_s: float) -> list[InputRecord]:
-        """Up to ``max_records`` records; waits up to ``timeout_s`` only when none is ready."""
-        messages = self._consumer.consume(num_messages=max_records, timeout=0)
-        if not messages and timeout_s > 0:
-            one = self._consumer.poll(timeout_s)
-            messages = [one] if one is not None else []
+        """Up to ``max_records`` records of assigned partitions; waits up to ``timeout_s`` only when none is
+        ready. Raises SourceFailed on a fatal consumer error."""
+        try:
+            messages = self._consumer.consume(num_messages=max_records, timeout=0)
+            if not messages and timeout_s > 0:
+                one = self._consumer.poll(timeout_s)
+                messages = [one] if one is not None else []
+        except KafkaException as exc:  # raised out of consume() by a fatal error (or by our callbacks)
+            self._on_error(exc.args[0])
+            return []
         now = self._clock()
         records = []
         expected = self._next_offset
+        assigned = self.assignment
         for m in messages:
             err = m.error()
             if err is not None:
                 self._on_error(err)
+                continue
+            if (m.topic(), m.partition()) not in assigned:  # a NamedTuple equals the plain tuple
+                # Fetched before a revoke that the same consume() call served: the partition is no longer
+                # ours (its next owner processes the record), and its offset must not be tracked here.
                 continue
             record = self._to_record(m, now)
             next_offset = expected.get(record.tp)
@@ -234,11 +244,18 @@ class KafkaSource:
         return self._paused
 
     def close(self) -> None:
-        self._consumer.close()
+        try:
+            self._consumer.close()
+        except (KafkaException, RuntimeError) as err:  # after a fatal error, or closed twice
+            log.debug("closing the consumer: %s", err)
 
     def _on_error(self, err: KafkaError) -> None:
-        if err.fatal():
-            raise KafkaException(err)
+        if err.fatal() or err.code() == KafkaError._FATAL:  # an error event reports a fatal error as _FATAL
+            hint = ""
+            if "group.instance.id" in self.cfg.config or "fenced" in err.str().lower():
+                hint = (" (another running consumer uses this group.instance.id: each process of a group needs "
+                        "its own)")
+            raise SourceFailed(f"kafka consumer: fatal error: {err.str()}{hint}")
         # Transient: broker down, leader moving... librdkafka retries by itself.
         log.warning("kafka consumer: %s", err.str())
 
@@ -396,8 +413,9 @@ class KafkaSink:
             resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
             configs = admin.describe_configs([resource])[resource].result(timeout=15)
             topic_limit = int(configs["max.message.bytes"].value)
-        except (KafkaException, KeyError, ValueError) as err:
-            log.warning("cannot read max.message.bytes of topic %s (%s); assuming %d", topic, err, producer_limit)
+        except (KafkaException, KeyError, ValueError, TimeoutError) as err:  # TimeoutError: no broker answers
+            log.warning("cannot read max.message.bytes of topic %s (%s); assuming %d", topic,
+                        err or "no answer within 15 s", producer_limit)
             topic_limit = producer_limit
         return min(topic_limit, producer_limit) - _RECORD_OVERHEAD_BYTES
 

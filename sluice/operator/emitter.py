@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from sluice.config import Pipeline
 from sluice.operator.dead_letter import dead_letter, source_headers
 from sluice.operator.errors import Failed
+from sluice.operator.io_errors import ProduceFailed
 from sluice.operator.observer import Observer
 from sluice.operator.record import InputRecord, Pending
 from sluice.operator.worker import SharedState
@@ -26,10 +27,6 @@ log = logging.getLogger(__name__)
 
 Output = tuple[str, bytes | None, bytes | None, list[tuple[str, bytes]]]  # topic, value, key, headers
 Failure = tuple[InputRecord, str, BaseException | None]  # record, stage, error
-
-
-class ProduceFailed(Exception):
-    """The sink refused a record for good (a fatal client error, a fenced producer...). One line for the user."""
 
 
 class Sink(Protocol):

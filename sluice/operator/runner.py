@@ -31,6 +31,7 @@ from sluice.operator.adaptive import AdaptivePolicy
 from sluice.operator.batcher import Batcher
 from sluice.operator.continuous import ContinuousWorker
 from sluice.operator.emitter import Emitter, Sink
+from sluice.operator.io_errors import SourceFailed
 from sluice.operator.observer import Observer
 from sluice.operator.offsets import OffsetTracker
 from sluice.operator.record import InputRecord, Pending, TopicPartition
@@ -156,7 +157,7 @@ class Runner:
                     last_tick = now
                 if self._finished(now, last_record):
                     break
-        except TransactionFailed as err:
+        except (TransactionFailed, SourceFailed) as err:
             self.emitter.fatal = str(err)
         finally:
             try:
