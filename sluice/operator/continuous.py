@@ -47,6 +47,12 @@ class ContinuousWorker(threading.Thread):
         with self.state.cond:
             self._to_drop |= tps
 
+    def drop_all(self) -> None:
+        """Abort every request before the next step (an aborted transaction rewinds every partition)."""
+        with self.state.cond:
+            self._to_drop |= {p.record.tp for p in self._running.values()}
+            self._to_drop |= set(self._order)
+
     def run(self) -> None:
         try:
             while (new := self._next()) is not None:

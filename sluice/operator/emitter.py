@@ -11,12 +11,15 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
+from confluent_kafka import KafkaError
+
 from sluice.config import Pipeline
 from sluice.operator.dead_letter import dead_letter, source_headers
 from sluice.operator.errors import Failed
 from sluice.operator.io_errors import ProduceFailed
 from sluice.operator.observer import Observer
 from sluice.operator.record import InputRecord, Pending
+from sluice.operator.release import ReleaseGate
 from sluice.operator.worker import SharedState
 from sluice.schemas.codec import CodecError, RecordCodec
 
@@ -113,8 +116,10 @@ class Emitter:
 
     def emit(self, records: list[InputRecord], outputs: list[Output], failed: list[Failure]) -> None:
         """Produce ``outputs`` (one per record in ``records``) and dead-letter records for ``failed``; the
-        inputs are acked together once every one of them is delivered."""
-        delivery = _Delivery(self, records)
+        inputs are acked together once every one of them is delivered. Under exactly-once the state's
+        release gate holds each output back until every earlier record of its partition has been produced
+        (sluice/operator/release.py)."""
+        num_results = len(outputs)
         if failed:
             self.observer.rejected(failed)
         for r, stage, err in failed:
@@ -129,9 +134,16 @@ class Emitter:
                 out.headers.extend(self.observer.output_headers(r, stage))
             records.append(r)
             outputs.append((out.topic, out.value, out.key, out.headers))
-            delivery.num_dead_lettered += 1
         if not outputs:
             return
+        num_dead = len(outputs) - num_results
+        gate = self.state.release
+        if gate is not None:
+            records, outputs, num_dead = self._in_order(gate, records, outputs, num_results)
+            if not outputs:
+                return
+        delivery = _Delivery(self, records)
+        delivery.num_dead_lettered = num_dead
         delivery.left = len(outputs)  # set before the first produce can be reported
         produce = self.sink.produce
         try:
@@ -139,6 +151,15 @@ class Emitter:
                 produce(topic, value, key, headers, delivery)
         except ProduceFailed as err:  # none of this batch is acked, so nothing past it is committed
             self.fatal = f"{err}; stopping without committing past this batch's inputs"
+
+    def _in_order(self, gate: ReleaseGate[tuple[InputRecord, Output, bool]], records: list[InputRecord],
+                  outputs: list[Output], num_results: int) -> tuple[list[InputRecord], list[Output], int]:
+        """What ``gate`` releases of these (record, output) pairs and of those it held before, in order."""
+        released: list[tuple[InputRecord, Output, bool]] = []
+        with self.state.cond:
+            for i, (r, out) in enumerate(zip(records, outputs, strict=True)):
+                released += gate.offer(r.tp, r.offset, (r, out, i >= num_results))
+        return [r for r, _, _ in released], [o for _, o, _ in released], sum(1 for _, _, d in released if d)
 
     def delivered(self, delivery: _Delivery) -> None:
         """Main thread, from a delivery report: every output of ``delivery`` is on the broker."""
@@ -149,8 +170,16 @@ class Emitter:
         self.observer.delivered(delivery.records, delivery.num_dead_lettered, self.clock())
 
     def delivery_failed(self, err: Any, msg: Any) -> None:
+        if err.code() in _PURGED:
+            # Aborting a transaction (or replacing the producer after an ambiguous one) purges what is not yet
+            # delivered; those records were forgotten and the consumer rewound, so they are processed again.
+            log.debug("delivery to %s purged: %s", msg.topic(), err.str())
+            return
         self.fatal = (f"could not deliver a record to {msg.topic()}: {err.str()}; "
                       "stopping without committing past its input")
+
+
+_PURGED = (KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT)
 
 
 def _size(value: bytes, key: bytes | None, headers: list[tuple[str, bytes]]) -> int:

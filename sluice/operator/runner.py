@@ -35,6 +35,7 @@ from sluice.operator.io_errors import SourceFailed
 from sluice.operator.observer import Observer
 from sluice.operator.offsets import OffsetTracker
 from sluice.operator.record import InputRecord, Pending, TopicPartition
+from sluice.operator.release import ReleaseGate
 from sluice.operator.transactions import TransactionFailed, Transactions
 from sluice.operator.worker import EngineWorker, SharedState
 from sluice.schemas.codec import CodecError, RecordCodec
@@ -111,6 +112,7 @@ class Runner:
         self._resume_below = max(1, self._max_in_flight // 2)
         self.transactions: Transactions | None = None
         if p.delivery == "exactly_once":
+            self.state.release = ReleaseGate()
             self.transactions = Transactions(p.exactly_once, cast(Any, sink), cast(Any, source),
                                              hold=self._hold_engine, release=self._release_engine,
                                              watermarks=self._watermarks, forget_all=self._forget_all)
@@ -181,6 +183,8 @@ class Runner:
         s = self.state
         with s.cond:
             s.tracker.track_many((r.tp, r.offset) for r in records)
+            if s.release is not None:
+                s.release.track_many((r.tp, r.offset) for r in records)
         self.summary.num_in += len(records)
         decoded: list[tuple[InputRecord, Any, Any]] = []
         rejected: list[tuple[InputRecord, str, BaseException | None]] = []
@@ -288,6 +292,8 @@ class Runner:
         with s.cond:
             for tp in tps:
                 s.tracker.forget(tp)
+                if s.release is not None:
+                    s.release.forget(tp)
         self.source.commit(watermarks)
         self.observer.revoked(tps)
 
@@ -318,6 +324,10 @@ class Runner:
         with self.state.cond:
             self.state.batcher.remove(lambda p: True)
             self.state.tracker.forget_all()
+            if self.state.release is not None:
+                self.state.release.forget_all()
+        if isinstance(self.worker, ContinuousWorker):
+            self.worker.drop_all()  # requests still generating belong to the aborted transaction's records
 
     def _on_lost(self, tps: list[TopicPartition]) -> None:
         log.warning("lost %s (another member owns them now); nothing of theirs will be committed", _names(tps))

@@ -10,6 +10,7 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from sluice.engines.base import BatchEngine
 from sluice.operator.adaptive import AdaptivePolicy
@@ -18,6 +19,7 @@ from sluice.operator.errors import BatchSizeGovernor, Failed, infer_isolating
 from sluice.operator.observer import Observer
 from sluice.operator.offsets import OffsetTracker
 from sluice.operator.record import Pending
+from sluice.operator.release import ReleaseGate
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +40,8 @@ class SharedState:
     num_batches: int = 0
     num_batched_records: int = 0
     adaptive: AdaptivePolicy | None = None  # batching to a latency target, when configured
+    # exactly-once: outputs leave in input order per partition (sluice/operator/release.py)
+    release: ReleaseGate[Any] | None = None
 
 
 # (the batch, one engine result or Failed per record) -> produce outputs and settle offsets
