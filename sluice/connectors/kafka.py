@@ -75,6 +75,9 @@ class KafkaSource:
         self._tps: dict[tuple[str, int], TopicPartition] = {}  # one object per partition, not per record
         self._lag: dict[TopicPartition, int] = {}
         self._next_offset: dict[TopicPartition, int] = {}  # per assigned partition: the next offset to expect
+        # per assigned partition: the first offset consumed since it was assigned (where a rewind goes when
+        # the group has committed nothing for it yet)
+        self._first_offset: dict[TopicPartition, int] = {}
         self.num_redelivered_dropped = 0
 
     def subscribe(self, on_assign: PartitionsCallback, on_revoke: PartitionsCallback,
@@ -83,6 +86,8 @@ class KafkaSource:
             tps = [TopicPartition(p.topic, p.partition) for p in parts]
             self.assignment.update(tps)
             self._forget_positions(tps)
+            for tp in tps:
+                self._first_offset.pop(tp, None)
             on_assign(tps)
 
         def revoked(_: Consumer, parts: list[KafkaTopicPartition]) -> None:
@@ -92,8 +97,8 @@ class KafkaSource:
 
         def lost(_: Consumer, parts: list[KafkaTopicPartition]) -> None:
             tps = [TopicPartition(p.topic, p.partition) for p in parts]
+            self._drop(tps)  # first: on_lost may rewind what is still assigned (exactly-once)
             on_lost(tps)
-            self._drop(tps)
 
         self._consumer.subscribe(list(self.cfg.topics), on_assign=assigned, on_revoke=revoked, on_lost=lost)
 
@@ -126,6 +131,8 @@ class KafkaSource:
             if next_offset is not None and record.offset < next_offset:
                 self._redelivered(record)
                 continue
+            if next_offset is None and record.tp not in self._first_offset:
+                self._first_offset[record.tp] = record.offset
             expected[record.tp] = record.offset + 1
             records.append(record)
         return records
@@ -189,6 +196,8 @@ class KafkaSource:
         self.assignment.difference_update(tps)
         self._paused.difference_update(tps)
         self._forget_positions(tps)
+        for tp in tps:
+            self._first_offset.pop(tp, None)
 
     def _forget_positions(self, tps: Iterable[TopicPartition]) -> None:
         for tp in tps:
@@ -224,7 +233,10 @@ class KafkaSource:
         self._forget_positions(tps)
         reset = OFFSET_BEGINNING if self.cfg.auto_offset_reset == "earliest" else OFFSET_END
         for part in self._consumer.committed(parts, timeout=30):
-            part.offset = part.offset if part.offset >= 0 else reset
+            if part.error is not None:
+                raise KafkaException(part.error)
+            if part.offset < 0:  # nothing committed yet: back to where this assignment started reading
+                part.offset = self._first_offset.get(TopicPartition(part.topic, part.partition), reset)
             self._consumer.seek(part)
 
     def pause(self, tps: Iterable[TopicPartition]) -> None:

@@ -336,6 +336,17 @@ class Runner:
             self.state.batcher.remove(lambda p: p.record.tp in lost)
             for tp in tps:
                 self.state.tracker.forget(tp)
+                if self.state.release is not None:
+                    self.state.release.forget(tp)
+        if isinstance(self.worker, ContinuousWorker):
+            self.worker.drop(lost)
+        if self.transactions is not None and self.emitter.fatal is None:
+            # The open transaction holds outputs of the lost partitions, which their new owner redoes:
+            # abort it, and rewind the partitions still ours (its other outputs go with it).
+            try:
+                self.transactions.abort(self.clock(), self.state.num_batches, f"lost {_names(tps)}")
+            except TransactionFailed as err:
+                self.emitter.fatal = str(err)
         self.observer.revoked(tps)
 
     # --------------------------------------------------------------------------------------- shutdown

@@ -97,6 +97,20 @@ class Transactions:
                 self._begin(now_s, num_batches)
             self._release()
 
+    def abort(self, now_s: float, num_batches: int, why: str) -> None:
+        """Abort the open transaction and rewind every assigned partition to its committed offsets, then begin
+        the next one (a partition was lost: its outputs in this transaction must not commit, and nothing
+        else in it can commit without them). Raises TransactionFailed when the operator must stop."""
+        if not self.is_open:
+            return
+        self._hold()
+        try:
+            self.is_open = False
+            self._abort(why)
+        finally:
+            self._begin(now_s, num_batches)
+            self._release()
+
     def abort_open(self) -> None:
         """Stopping on an error: abort the open transaction now, so that ``read_committed`` readers of the
         output topics do not wait for the broker's transaction timeout. Never raises: a fenced producer

@@ -79,10 +79,12 @@ def open_transaction_partitions(bootstrap: str, topic: str) -> dict[int, tuple[i
 
 
 class Progress:
-    """Sum of the high watermarks of some topics, with one long-lived client (cheap to poll often)."""
+    """Sum of the end offsets of some topics, with one long-lived client (cheap to poll often): the last
+    stable offsets (committed records), or with ``isolation="read_uncommitted"`` the high watermarks."""
 
-    def __init__(self, bootstrap: str, *topics: str) -> None:
-        self._consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": unique_topic("progress")})
+    def __init__(self, bootstrap: str, *topics: str, isolation: str = "read_committed") -> None:
+        self._consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": unique_topic("progress"),
+                                   "isolation.level": isolation})
         self._parts = [TopicPartition(t, p) for t in topics for p in end_offsets(bootstrap, t)]
 
     def count(self) -> int:
