@@ -5,10 +5,12 @@ first to the last output record's produce timestamp, so group-join time does not
 per record (this process, librdkafka's threads included) is printed too: on a busy machine it is the
 steadier measure.
 
-    python bench/operator_overhead.py [--records 200000] [--bootstrap HOST:PORT] [--tracing]
+    python bench/operator_overhead.py [--records 200000] [--bootstrap HOST:PORT] [--tracing] [--exactly-once]
 
 --tracing adds two rows at the largest batch size, tracing off and tracing on (default sampling, spans
-handed to an exporter that drops them), to measure what tracing costs in the same run.
+handed to an exporter that drops them), to measure what tracing costs in the same run. --exactly-once adds
+``delivery: exactly_once`` rows at the largest batch size (default transaction settings; outputs read with
+``read_committed``) beside an at-least-once row.
 
 Without --bootstrap (or SLUICE_KAFKA_BOOTSTRAP) a single-node broker is started in a temp dir.
 """
@@ -71,7 +73,7 @@ class _DropSpans(SpanExporter):
 
 
 def sluice_run(bootstrap: str, topic_in: str, topic_out: str, n: int, batch: int,
-               sample_ratio: float | None = None) -> None:
+               sample_ratio: float | None = None, exactly_once: bool = False) -> None:
     """``sample_ratio`` set: tracing on, spans dropped by a no-op exporter."""
     text = f"""
 source: {{kafka: {{bootstrap_servers: "{bootstrap}", topics: [{topic_in}], group_id: {unique_topic("sluice")}}}}}
@@ -84,6 +86,8 @@ runtime: {{max_in_flight: 20000, drain_timeout_s: 600}}
 """
     if sample_ratio is not None:
         text += f"telemetry: {{tracing: {{sample_ratio: {sample_ratio}}}}}\n"
+    if exactly_once:
+        text += f"delivery: exactly_once\nexactly_once: {{transactional_id: {unique_topic('bench-tx')}}}\n"
     loaded = parse_pipeline(text, base_dir=ROOT)
     observer = None
     if sample_ratio is not None:
@@ -103,6 +107,8 @@ def main() -> None:
     parser.add_argument("--bootstrap", default=os.environ.get("SLUICE_KAFKA_BOOTSTRAP"))
     parser.add_argument("--batch-sizes", default="1,64,512")
     parser.add_argument("--tracing", action="store_true", help="add tracing off / on rows at the largest batch")
+    parser.add_argument("--exactly-once", action="store_true",
+                        help="add at-least-once / exactly-once rows at the largest batch")
     parser.add_argument("--sample-ratio", type=float, default=Tracing().sample_ratio,
                         help="tracing.sample_ratio of the tracing-on row (default: the config's default)")
     args = parser.parse_args()
@@ -115,15 +121,19 @@ def main() -> None:
         produce(bootstrap, topic_in, ((f"k{i % 1000}", json.dumps({"seq": i, "text": f"review text {i}"}))
                                       for i in range(n)), timeout_s=120)
         rows = []
-        # (name, batch size or None for the plain loop, sample ratio or None for tracing off)
-        contenders: list[tuple[str, int | None, float | None]] = [("plain confluent-kafka loop", None, None)]
-        contenders += [(f"sluice batch {b}", int(b), None) for b in args.batch_sizes.split(",")]
+        # (name, batch size or None for the plain loop, sample ratio or None for tracing off, exactly-once)
+        contenders: list[tuple[str, int | None, float | None, bool]] = [
+            ("plain confluent-kafka loop", None, None, False)]
+        contenders += [(f"sluice batch {b}", int(b), None, False) for b in args.batch_sizes.split(",")]
+        largest = max(int(b) for b in args.batch_sizes.split(","))
         if args.tracing:
-            largest = max(int(b) for b in args.batch_sizes.split(","))
-            contenders += [(f"sluice batch {largest}, tracing off", largest, None),
+            contenders += [(f"sluice batch {largest}, tracing off", largest, None, False),
                            (f"sluice batch {largest}, tracing on (no-op exporter, sample_ratio "
-                            f"{args.sample_ratio:g})", largest, args.sample_ratio)]
-        for name, batch, sample_ratio in contenders:
+                            f"{args.sample_ratio:g})", largest, args.sample_ratio, False)]
+        if args.exactly_once:
+            contenders += [(f"sluice batch {largest}, at-least-once", largest, None, False),
+                           (f"sluice batch {largest}, exactly-once", largest, None, True)]
+        for name, batch, sample_ratio, exactly_once in contenders:
             topic_out = unique_topic("bench-out")
             create_topic(bootstrap, topic_out, 3)
             create_topic(bootstrap, topic_out + ".dlq", 1)
@@ -132,7 +142,7 @@ def main() -> None:
             if batch is None:
                 plain_loop(bootstrap, topic_in, topic_out, n)
             else:
-                sluice_run(bootstrap, topic_in, topic_out, n, batch, sample_ratio)
+                sluice_run(bootstrap, topic_in, topic_out, n, batch, sample_ratio, exactly_once)
             cpu_us = (time.process_time() - cpu_s) / n * 1e6
             rows.append({"contender": name, "batch": batch, "records_per_s": output_rate(bootstrap, topic_out, n),
                          "cpu_us_per_record": cpu_us})
