@@ -108,6 +108,8 @@ class Runner:
             self.worker = EngineWorker(self.state, engine, self.emitter.settle, clock, self.observer)
         self._stop = threading.Event()
         self._on_close = tuple(on_close)
+        # when partitions were last (re)assigned or rewound: records may come again, so idle time starts over
+        self._restarted_s = float("-inf")
         self._max_in_flight = p.runtime.max_in_flight
         self._resume_below = max(1, self._max_in_flight // 2)
         self.transactions: Transactions | None = None
@@ -258,6 +260,7 @@ class Runner:
 
     def _on_assign(self, tps: list[TopicPartition]) -> None:
         log.info("assigned %s", _names(tps))
+        self._restarted_s = self.clock()
         self.observer.assigned(tps)
         if self.state.tracker.num_in_flight >= self._max_in_flight:  # a rebalance must not undo backpressure
             self.source.pause(tps)
@@ -321,6 +324,7 @@ class Runner:
 
     def _forget_all(self) -> None:
         """Drop every queued record and all offset bookkeeping (before rewinding the consumer)."""
+        self._restarted_s = self.clock()
         with self.state.cond:
             self.state.batcher.remove(lambda p: True)
             self.state.tracker.forget_all()
@@ -354,7 +358,7 @@ class Runner:
     def _finished(self, now: float, last_record: float) -> bool:
         if self.max_records is not None and self.summary.num_in >= self.max_records:
             return True
-        if self.idle_exit_s is None or now - last_record < self.idle_exit_s:
+        if self.idle_exit_s is None or now - max(last_record, self._restarted_s) < self.idle_exit_s:
             return False
         with self.state.cond:
             return len(self.state.batcher) == 0 and not self.state.busy and self.state.tracker.is_idle()
