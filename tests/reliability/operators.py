@@ -92,3 +92,23 @@ def wait_until(condition: Callable[[], bool], timeout_s: float, what: str,
             tails = "\n".join(f"--- operator {op.pid}:\n{op.log()[-2000:]}" for op in operators)
             raise TimeoutError(f"waited {timeout_s}s for {what}\n{tails}")
         time.sleep(interval_s)
+
+
+def copy_stops_the_first(pipeline: Path, tmp_path: Path, progress: Callable[[], int], env: Mapping[str, str],
+                         head_start: int = 500) -> tuple[str, str]:
+    """Run an operator; once ``progress()`` reaches ``head_start``, start a copy from the same pipeline file,
+    which stops 3 s after the stream runs dry. The first must exit 1 (the copy made it stop: fenced, say) and
+    the copy 0. Returns both logs (first, copy)."""
+    first = copy = None
+    try:
+        first = Operator(pipeline, tmp_path / "first.log", env=env)
+        wait_until(lambda: progress() >= head_start, 120, "the first process to produce", (first,))
+        copy = Operator(pipeline, tmp_path / "copy.log", idle_exit_s=3, env=env)
+        assert first.wait(60) == 1, first.log()[-3000:]
+        assert copy.wait(240) == 0, copy.log()[-3000:]
+        return first.log(), copy.log()
+    finally:
+        for op in (first, copy):
+            if op is not None:
+                op.close()
+

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from tests.reliability.ledger import Progress, open_transaction_partitions, read_tally, sequenced
-from tests.reliability.operators import Operator, wait_until
+from tests.reliability.operators import Operator, copy_stops_the_first
 from tests.reliability.pipelines import make_topics, write_pipeline
 from tests.support.kafka import committed_offsets, end_offsets, produce, unique_topic
 
@@ -38,22 +38,13 @@ def test_a_duplicated_transactional_id_fences_the_older_process_cleanly(kafka_bo
     pipeline = write_pipeline(tmp_path / "p.yaml", kafka_bootstrap, topics, group,
                               runtime={"commit_interval_ms": 20, "drain_timeout_s": 20}, exactly_once=eos)
     progress = Progress(kafka_bootstrap, t_out)
-    older = newer = None
     try:
-        older = Operator(pipeline, tmp_path / "older.log", env=ENV)
-        wait_until(lambda: progress.count() >= 500, 120, "the first process to produce", (older,))
-        newer = Operator(pipeline, tmp_path / "newer.log", idle_exit_s=3, env=ENV)
-        assert older.wait(60) == 1, older.log()[-3000:]
-        assert newer.wait(240) == 0, newer.log()[-3000:]
+        log, copy_log = copy_stops_the_first(pipeline, tmp_path, progress.count, ENV)
     finally:
         progress.close()
-        for op in (older, newer):
-            if op is not None:
-                op.close()
-    log = older.log()
     assert "Traceback" not in log, log[-3000:]
     assert "fenced" in log.lower() and "transactional id" in log, log[-3000:]
-    assert "Traceback" not in newer.log()
+    assert "Traceback" not in copy_log
     tally = read_tally(kafka_bootstrap, t_out, t_dlq, isolation="read_committed", min_records=NUM_RECORDS)
     assert tally.missing(NUM_RECORDS) == []
     assert tally.num_duplicates == 0

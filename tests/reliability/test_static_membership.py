@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.reliability.ledger import Progress, read_tally, sequenced
-from tests.reliability.operators import Operator, wait_until
+from tests.reliability.operators import copy_stops_the_first
 from tests.reliability.pipelines import make_topics, write_pipeline
 from tests.support.kafka import committed_offsets, end_offsets, produce, unique_topic
 
@@ -30,21 +30,13 @@ def test_a_copied_group_instance_id_stops_the_older_process_cleanly(kafka_bootst
     pipeline = write_pipeline(tmp_path / "p.yaml", kafka_bootstrap, topics, group,
                               consumer={"group.instance.id": f"{group}-pod-0"})
     progress = Progress(kafka_bootstrap, t_out)
-    older = newer = None
     try:
-        older = Operator(pipeline, tmp_path / "older.log", env=ENV)
-        wait_until(lambda: progress.count() >= 500, 120, "the first process to produce", (older,))
-        newer = Operator(pipeline, tmp_path / "newer.log", idle_exit_s=3, env=ENV)
-        assert older.wait(60) == 1, older.log()[-3000:]
-        assert newer.wait(240) == 0, newer.log()[-3000:]
+        log, copy_log = copy_stops_the_first(pipeline, tmp_path, progress.count, ENV)
     finally:
         progress.close()
-        for op in (older, newer):
-            if op is not None:
-                op.close()
-    log = older.log()
     assert "Traceback" not in log, log[-3000:]
     assert "stopped on error: kafka consumer: fatal error" in log and "group.instance.id" in log, log[-3000:]
+    assert "Traceback" not in copy_log
     tally = read_tally(kafka_bootstrap, t_out, t_dlq, min_records=NUM_RECORDS)
     assert tally.missing(NUM_RECORDS) == []
     assert committed_offsets(kafka_bootstrap, group, t_in) == end_offsets(kafka_bootstrap, t_in)
