@@ -204,7 +204,11 @@ def main() -> None:
         "identical_outputs_vs_best_hf": agree,
         "results": [{k: v for k, v in r.items() if k not in ("outputs",)} for r in results],
     }  # fmt: skip
-    out = Path(args.out)
+    save_summary(Path(args.out), summary)
+
+
+def save_summary(out: Path, summary: dict[str, Any]) -> None:
+    """Write a benchmark's JSON summary (creating its folder) and say where."""
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(summary, indent=2) + "\n")
     print(f"wrote {out}")

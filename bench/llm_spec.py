@@ -32,7 +32,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from llm import build_workload  # noqa: E402
+from llm import build_workload, save_summary  # noqa: E402
 
 FIRST = ["Maria", "Tomasz", "Aiko", "Liam", "Fatima", "Jonas", "Priya", "Mateo", "Chloe", "Kwame", "Elena",
          "Oskar", "Yuki", "Amara", "Lucas", "Ingrid"]  # fmt: skip
@@ -152,10 +152,7 @@ def main(argv: list[str] | None = None) -> None:
         "threads": args.threads, "repeats": args.repeats, "omp_wait_policy": os.environ["OMP_WAIT_POLICY"],
         "machine": platform.platform(), "load_avg_at_end": os.getloadavg(), "results": results,
     }  # fmt: skip
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(summary, indent=2) + "\n")
-    print(f"wrote {out}")
+    save_summary(Path(args.out), summary)
 
 
 if __name__ == "__main__":

@@ -122,11 +122,11 @@ class KafkaSource:
             if err is not None:
                 self._on_error(err)
                 continue
-            if (m.topic(), m.partition()) not in assigned:  # a NamedTuple equals the plain tuple
+            record = self._to_record(m, now)
+            if record.tp not in assigned:
                 # Fetched before a revoke that the same consume() call served: the partition is no longer
                 # ours (its next owner processes the record), and its offset must not be tracked here.
                 continue
-            record = self._to_record(m, now)
             next_offset = expected.get(record.tp)
             if next_offset is not None and record.offset < next_offset:
                 self._redelivered(record)
