@@ -92,7 +92,8 @@ def main() -> None:
                 engine = start_engine("torch", {**options, "device": args.device, "dtype": dtype}, max(sizes))
                 measure_engine(rows, f"{spec.name} {dtype}", engine, reference, parity_texts, texts, sizes,
                                budget_s=clock.grant(1e9) / runs_left * 0.6, min_cosine=MIN_COSINE[dtype],
-                               device=str(engine.device), ran_as=str(engine.dtype).removeprefix("torch."))
+                               device=str(getattr(engine, "device", "?")),
+                               ran_as=str(getattr(engine, "dtype", "?")).removeprefix("torch."))
                 engine.close()
 
 

@@ -10,8 +10,9 @@ says so). Rows, each measured or with a one-line reason:
 * ``model``: parameters, weight bytes, build seconds, the variant that ran.
 * ``parity fp32`` / ``parity bf16``: Sluice's greedy tokens (all prompts batched together) against HF's
   (one prompt at a time); fp32 should be exact, bf16 gives first-divergence statistics.
-* ``decode bs=N``: median wall time of a step decoding N requests, against the memory floor (weight bytes
-  plus the KV bytes the step reads, over the device-copy bandwidth measured in this process);
+* ``decode bs=N``: median wall time of a step decoding N requests, against the memory floors: weight bytes
+  (``weight_floor_ms``) and weight plus the KV bytes the step reads (``floor_ms``, ``x_floor``), over the
+  device-copy bandwidth measured in this process;
   ``kernel_ms`` is the CUDA kernels' own time per step from the profiler, and ``busy`` = kernel_ms /
   step_ms: far below 1 means the step is bound by the host launching kernels, which CUDA graphs remove.
 * ``throughput ...``: the labelling workload, Sluice with every request at once (continuous batching,
@@ -66,26 +67,26 @@ def planned(s: Settings) -> dict[str, str]:
     return names
 
 
-def choose_variant(spec: DecoderSpec, tmp: Path) -> tuple[tuple[str, ...], str | None, str | None]:
-    """(config keys to drop, note, reason): what this build's engine loads of ``spec``'s architecture.
+def choose_variant(spec: DecoderSpec, tmp: Path) -> tuple[dict[str, Any], str | None, str | None]:
+    """(config fields to override, note, reason): what this build's engine loads of ``spec``'s architecture.
 
     ``reason`` is set when it loads neither the exact config nor the fallback.
     """
     from sluice.engines.llm import LLM
 
-    def refusal(drop: tuple[str, ...]) -> str | None:
+    def refusal(override: dict[str, Any]) -> str | None:
         try:
-            LLM(str(probe_dir(spec, tmp / "probe", drop)), device="cpu", kv_cache_memory_bytes=1 << 20)
+            LLM(str(probe_dir(spec, tmp / "probe", override)), device="cpu", kv_cache_memory_bytes=1 << 20)
         except Exception as err:  # the engine's refusal, whatever its type, is the row's reason
             return one_line(err)
         return None
 
-    exact = refusal(())
+    exact = refusal({})
     if exact is None:
-        return (), "exact config", None
-    if spec.fallback_drop and refusal(spec.fallback_drop) is None:
-        return spec.fallback_drop, f"{spec.fallback_note}; the exact config is refused: {exact}", None
-    return (), None, f"this build's engine refuses {spec.name}'s config: {exact}"
+        return {}, "exact config", None
+    if spec.fallback and refusal(spec.fallback) is None:
+        return spec.fallback, f"{spec.fallback_note}; the exact config is refused: {exact}", None
+    return {}, None, f"this build's engine refuses {spec.name}'s config: {exact}"
 
 
 def _params(max_tokens: int) -> Any:
@@ -165,12 +166,12 @@ def main() -> None:
     cfg = spec.config
     with tempfile.TemporaryDirectory(prefix="sluice-gpu-llm-", dir=scratch_dir(12 << 30)) as tmp_name:
         tmp = Path(tmp_name)
-        drop, note, refused = choose_variant(spec, tmp)
+        override, note, refused = choose_variant(spec, tmp)
         if refused is not None:
             rows.reason_for_pending(refused)
             return
         start = time.perf_counter()
-        hf = build_decoder(spec, args.device, torch.bfloat16, drop)
+        hf = build_decoder(spec, args.device, torch.bfloat16, override)
         model_dir = save_decoder(hf, tmp / "model")
         weight_bytes = sum(f.stat().st_size for f in model_dir.glob("*.safetensors"))  # bf16, tied once
         if not cfg["tie_word_embeddings"]:
@@ -222,7 +223,8 @@ def main() -> None:
                     note = row.pop("kernel_note")
                     floor_ms = (weight_bytes + b * row["kv_len"] * kv_bytes_per_token) / bandwidth * 1e3
                     kernel = row["kernel_ms"]
-                    rows.measured(name, "decode", **row, floor_ms=round(floor_ms, 4),
+                    rows.measured(name, "decode", **row, weight_floor_ms=round(weight_bytes / bandwidth * 1e3, 4),
+                                  floor_ms=round(floor_ms, 4),
                                   x_floor=round(row["step_ms"] / floor_ms, 1),
                                   busy=None if kernel is None else round(kernel / row["step_ms"], 3),
                                   copy_gb_s=round(bandwidth / 1e9, 1), kernel_note=note)

@@ -28,9 +28,9 @@ class DecoderSpec:
     name: str  # row prefix, e.g. "llama-3.2-1b"
     model_type: str  # HF model_type: "llama", "qwen3"
     config: dict[str, Any]  # HF config fields
-    # Retried without these keys when the engine refuses the exact config, so the shape is still
-    # measured (rows then say so); empty: no retry.
-    fallback_drop: tuple[str, ...] = ()
+    # Retried with these fields instead when the engine refuses the exact config, so the shape is still
+    # measured (the model row then says so); empty: no retry.
+    fallback: dict[str, Any] = field(default_factory=dict)
     fallback_note: str = ""
 
     @property
@@ -44,7 +44,8 @@ LLAMA_3_2_1B = DecoderSpec("llama-3.2-1b", "llama", dict(
     vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
     num_key_value_heads=8, head_dim=64, max_position_embeddings=131072, rms_norm_eps=1e-5,
     tie_word_embeddings=True, rope_parameters=_LLAMA3_ROPE,
-), fallback_drop=("rope_parameters",), fallback_note="llama3 rope scaling dropped (plain rope, theta 10000)")
+), fallback={"rope_parameters": {"rope_type": "default", "rope_theta": 500000.0}},
+    fallback_note="llama3 rope scaling dropped (plain rope, theta 500000)")
 QWEN3_0_6B = DecoderSpec("qwen3-0.6b", "qwen3", dict(
     vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
     num_key_value_heads=8, head_dim=128, max_position_embeddings=40960, rms_norm_eps=1e-6,
@@ -85,11 +86,12 @@ def decoder(profile: str, name: str) -> DecoderSpec:
     raise KeyError(f"no decoder {name!r} in profile {profile!r}")
 
 
-def hf_config(spec: DecoderSpec, drop: tuple[str, ...] = ()) -> Any:
-    """The HF config of ``spec`` without special tokens: no EOS can end a generation early."""
+def hf_config(spec: DecoderSpec, override: dict[str, Any] | None = None) -> Any:
+    """The HF config of ``spec`` (fields replaced by ``override``) without special tokens: no EOS can end a
+    generation early."""
     from transformers import AutoConfig
 
-    fields = {k: v for k, v in spec.config.items() if k not in drop}
+    fields = {**spec.config, **(override or {})}
     return AutoConfig.for_model(spec.model_type, bos_token_id=None, eos_token_id=None, pad_token_id=None,
                                 **fields)
 
@@ -108,15 +110,16 @@ def peak_weights(model: Any, hidden_size: int, seed: int) -> None:
                 param.normal_(0.0, std, generator=gen)
 
 
-def build_decoder(spec: DecoderSpec, device: str, dtype: Any, drop: tuple[str, ...] = (), seed: int = 0) -> Any:
-    """The HF causal LM of ``spec`` (less the config keys ``drop``) with peaked random weights, built
+def build_decoder(spec: DecoderSpec, device: str, dtype: Any, override: dict[str, Any] | None = None,
+                  seed: int = 0) -> Any:
+    """The HF causal LM of ``spec`` (fields replaced by ``override``) with peaked random weights, built
     directly on ``device``."""
     import torch
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
     with torch.device(device):  # random init on the GPU: seconds, where the CPU would take minutes
-        model = AutoModelForCausalLM.from_config(hf_config(spec, drop), dtype=dtype)
+        model = AutoModelForCausalLM.from_config(hf_config(spec, override), dtype=dtype)
     model.to(device)  # a no-op unless this transformers built it elsewhere
     peak_weights(model, spec.hidden_size, seed)
     return model.eval()
@@ -127,13 +130,13 @@ def save_decoder(model: Any, path: Path) -> Path:
     return path
 
 
-def probe_dir(spec: DecoderSpec, path: Path, drop: tuple[str, ...] = ()) -> Path:
+def probe_dir(spec: DecoderSpec, path: Path, override: dict[str, Any] | None = None) -> Path:
     """A one-layer, narrow model of ``spec``'s family and options on the CPU: asks the engine cheaply
     whether it loads this architecture before the real-shaped one is built."""
     from transformers import AutoModelForCausalLM
 
     small = DecoderSpec(spec.name, spec.model_type, {**spec.config, **_TINY, "num_hidden_layers": 1})
-    model = AutoModelForCausalLM.from_config(hf_config(small, drop))
+    model = AutoModelForCausalLM.from_config(hf_config(small, override))
     if path.exists():
         shutil.rmtree(path)
     return save_decoder(model, path)

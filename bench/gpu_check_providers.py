@@ -12,6 +12,7 @@ ONNX export of a random MiniLM-shaped encoder) and otherwise says why not, with 
 
 from __future__ import annotations
 
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -34,9 +35,13 @@ BATCH_SIZES = {"full": (1, 32, 128), "tiny": (1, 8)}
 def _ort_providers() -> tuple[str, list[str]]:
     import onnxruntime
 
-    if hasattr(onnxruntime, "preload_dlls"):  # CUDA/cuDNN libraries from torch's nvidia-* wheels
-        onnxruntime.preload_dlls()
-    return onnxruntime.__version__, list(onnxruntime.get_available_providers())
+    providers = list(onnxruntime.get_available_providers())  # what the build has, fixed per build
+    if "CUDAExecutionProvider" in providers and hasattr(onnxruntime, "preload_dlls"):
+        try:
+            onnxruntime.preload_dlls()  # CUDA/cuDNN libraries from torch's nvidia-* wheels
+        except Exception as err:  # the engine's start then says what is missing
+            print(f"onnxruntime.preload_dlls: {one_line(err)}", file=sys.stderr)
+    return onnxruntime.__version__, providers
 
 
 def availability() -> dict[str, tuple[dict[str, Any] | None, str]]:

@@ -91,7 +91,7 @@ SUMMARY_KEYS = {
     "model": ("params", "weight_bytes", "variant"),
     "parity": ("exact", "prompts", "first_divergence_median", "matched_prefix_share", "max_abs_err", "ok"),
     "timing": ("triton_ms", "torch_ops_ms", "sdpa_ms", "sdpa_backend"),
-    "decode": ("step_ms", "kernel_ms", "floor_ms", "x_floor", "busy"),
+    "decode": ("step_ms", "kernel_ms", "weight_floor_ms", "floor_ms", "x_floor", "busy"),
     "throughput": ("tok_s", "vs_best_hf", "records_per_s", "vs_bs1"),
     "cosine": ("ran_as", "min_cosine", "ok"),
 }
