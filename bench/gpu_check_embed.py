@@ -22,6 +22,7 @@ from gpu_check_models import ENCODERS, save_encoder
 BATCH_SIZES = {"full": (1, 8, 32, 128, 512), "tiny": (1, 8, 32)}
 NUM_TEXTS = {"full": 4096, "tiny": 256}
 NUM_PARITY_TEXTS = 200
+MAX_S_PER_SIZE = {"full": 4.0, "tiny": 0.5}  # time per batch size (whole windows of 256 records at least)
 DTYPES = ("float16", "bfloat16")
 MIN_COSINE = {"float16": 0.999, "bfloat16": 0.99, "float32": 0.999}  # bf16 keeps 8 mantissa bits
 
@@ -45,9 +46,9 @@ def embed(engine: Any, texts: list[str], batch_size: int = 32) -> Any:
 
 
 def measure_engine(rows: Rows, prefix: str, engine: Any, reference: Any, parity_texts: list[str],
-                   texts: list[str], batch_sizes: tuple[int, ...], budget_s: float, min_cosine: float,
+                   texts: list[str], batch_sizes: tuple[int, ...], per_size_s: float, min_cosine: float,
                    **about: Any) -> None:
-    """Rows ``{prefix} cosine`` and ``{prefix} bs=N`` for an started engine (``about``: extra columns)."""
+    """Rows ``{prefix} cosine`` and ``{prefix} bs=N`` for a started engine (``about``: extra columns)."""
     from embed_engine import time_batches
 
     with rows.attempt(f"{prefix} cosine"):
@@ -56,7 +57,6 @@ def measure_engine(rows: Rows, prefix: str, engine: Any, reference: Any, parity_
                       mean_cosine=round(float(cosines.mean()), 6), ok=bool(cosines.min() >= min_cosine),
                       threshold=min_cosine)
     items = engine.prepare(texts)
-    per_size_s = max(0.2, budget_s / len(batch_sizes))
     base = None
     for size in batch_sizes:
         name = f"{prefix} bs={size}"
@@ -90,8 +90,9 @@ def main() -> None:
             for j, dtype in enumerate(DTYPES):
                 runs_left = (len(encoders) - i) * len(DTYPES) - j
                 engine = start_engine("torch", {**options, "device": args.device, "dtype": dtype}, max(sizes))
+                per_size_s = min(MAX_S_PER_SIZE[args.profile], clock.left() / runs_left * 0.6 / len(sizes))
                 measure_engine(rows, f"{spec.name} {dtype}", engine, reference, parity_texts, texts, sizes,
-                               budget_s=clock.grant(1e9) / runs_left * 0.6, min_cosine=MIN_COSINE[dtype],
+                               per_size_s=per_size_s, min_cosine=MIN_COSINE[dtype],
                                device=str(getattr(engine, "device", "?")),
                                ran_as=str(getattr(engine, "dtype", "?")).removeprefix("torch."))
                 engine.close()

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from gpu_check_common import Clock, Rows, child_args, one_line
-from gpu_check_embed import NUM_PARITY_TEXTS, embed, measure_engine, start_engine
+from gpu_check_embed import MAX_S_PER_SIZE, NUM_PARITY_TEXTS, embed, measure_engine, start_engine
 from gpu_check_models import ENCODERS, save_encoder
 
 # What `bash bench/gpu_wheels.sh --provider-sizes` printed (CPython 3.12, manylinux x86-64).
@@ -109,8 +109,9 @@ def main() -> None:
                     if row["name"].startswith(f"{name} "):
                         rows.reason(row["name"], f"did not start: {one_line(err)}")
                 continue
-            measure_engine(rows, name, engine, reference, parity_texts, texts, sizes,
-                           budget_s=clock.grant(1e9) / (len(runnable) - i) * 0.6, min_cosine=0.999,
+            per_size_s = min(MAX_S_PER_SIZE[args.profile], clock.left() / (len(runnable) - i) * 0.6 / len(sizes))
+            measure_engine(rows, name, engine, reference, parity_texts, texts, sizes, per_size_s=per_size_s,
+                           min_cosine=0.999,
                            runtime=found[name][1], providers=str(getattr(engine, "providers_used", "-")))
             engine.close()
 
