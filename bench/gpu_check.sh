@@ -8,14 +8,16 @@
 #        command:   bash bench/gpu_check.sh --out "$OUT"
 #        carry:     ["bench/gpu_wheels"]
 #        timeout_s: 560    (the check holds itself to 480 s; the rest is slack for python's start)
-#      It writes gpu_check.json, gpu_check.md and gpu_check.log into $OUT (3 of the 8 files that come back).
+#      It writes gpu_check.json, gpu_check.md and gpu_check.log into $OUT (3 of the 8 files that come back);
+#      copy the first two into bench/results/ and commit them.
 #      A rerun of some steps only: add --only kernels,llm-qwen3-0.6b --budget-s 200 (names: --list).
 #
 # Here, on a CPU, the same script end to end (tiny shapes, TRITON_INTERPRET=1, device cpu, the same wheel
 # install into a temporary target), in under 3 minutes; CI runs it (tests/bench/test_gpu_check.py):
 #   bash bench/gpu_check.sh --dry-run [--out DIR]
 #
-# Options: --out DIR (default bench/results; files gpu_check.*), --budget-s N (default 480; dry run 170),
+# Options: --out DIR (default bench/results, dry run $TMPDIR/sluice-gpu-check-dry-run; files gpu_check.*),
+#          --budget-s N (default 480; dry run 170),
 #          --only STEP[,STEP], --list (the steps), --sizes (print the wheel folder's and the send size, stop).
 # Environment: SLUICE_PYTHON (default python3: used as it is, never changed; torch and triton are never
 #          installed), SLUICE_GPU_WHEELS (default bench/gpu_wheels).
@@ -32,7 +34,7 @@ HOST_WHEELS="$ROOT/bench/.gpu_wheels_host"
 PINS="$ROOT/bench/gpu_wheels.txt"
 MAX_WHEELS_BYTES=$((20 * 1000 * 1000))  # the folder stays well under 20 MB
 MAX_SEND_BYTES=$((64 * 1024 * 1024))    # what one device call may carry
-DRY_RUN=0 OUT="$ROOT/bench/results" BUDGET_S="" DRIVER_ARGS=()
+DRY_RUN=0 OUT="" BUDGET_S="" DRIVER_ARGS=()
 
 LOG=""  # once --out is known, everything said also goes to $OUT/gpu_check.log
 say() { printf 'gpu_check: %s\n' "$*" >&2; if [ -n "$LOG" ]; then printf 'gpu_check: %s\n' "$*" >>"$LOG"; fi; }
@@ -52,6 +54,8 @@ while [ $# -gt 0 ]; do
   shift
 done
 BUDGET_S="${BUDGET_S:-$([ "$DRY_RUN" = 1 ] && echo 170 || echo 480)}"
+# A dry run's figures are the CPU's: they never land where the GPU results are committed.
+OUT="${OUT:-$([ "$DRY_RUN" = 1 ] && echo "${TMPDIR:-/tmp}/sluice-gpu-check-dry-run" || echo "$ROOT/bench/results")}"
 if [ "${LIST:-0}" = 1 ]; then
   if [ "$DRY_RUN" = 1 ]; then exec "$PY" bench/gpu_check.py --list --dry-run; fi
   exec "$PY" bench/gpu_check.py --list

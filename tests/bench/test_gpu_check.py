@@ -189,13 +189,13 @@ def test_a_step_killed_at_its_timeout_leaves_every_row_measured_or_with_a_reason
         print("measuring the third row", flush=True)
         time.sleep(60)
     """))
-    result = gpu_check.run_step(gpu_check.Step("slow", str(child)), timeout_s=6, device="cpu", profile="tiny",
+    result = gpu_check.run_step(gpu_check.Step("slow", str(child)), timeout_s=4, device="cpu", profile="tiny",
                                 workdir=tmp_path)
     rows = {row["name"]: row for row in result["rows"]}
-    assert result["status"] == "timed out after 6 s"
+    assert result["status"] == "timed out after 4 s"
     assert rows["first"]["reason"] is None and rows["first"]["value"] == 1.5
     assert rows["second"]["reason"] == "RuntimeError: the device said no"
-    assert rows["third"]["reason"] == "not reached: the step timed out after 6 s"
+    assert rows["third"]["reason"] == "not reached: the step timed out after 4 s"
     assert gpu_check_report.incomplete({"steps": [result]}) == []
 
 
