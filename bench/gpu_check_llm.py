@@ -220,14 +220,14 @@ def main() -> None:
                     continue
                 with rows.attempt(name):
                     row = decode_row(llm, b, s, cfg["vocab_size"], cuda)
-                    note = row.pop("kernel_note")
+                    kernel_note = row.pop("kernel_note")
                     floor_ms = (weight_bytes + b * row["kv_len"] * kv_bytes_per_token) / bandwidth * 1e3
                     kernel = row["kernel_ms"]
                     rows.measured(name, "decode", **row, weight_floor_ms=round(weight_bytes / bandwidth * 1e3, 4),
                                   floor_ms=round(floor_ms, 4),
                                   x_floor=round(row["step_ms"] / floor_ms, 1),
                                   busy=None if kernel is None else round(kernel / row["step_ms"], 3),
-                                  copy_gb_s=round(bandwidth / 1e9, 1), kernel_note=note)
+                                  copy_gb_s=round(bandwidth / 1e9, 1), kernel_note=kernel_note)
             with rows.attempt("throughput sluice"):
                 sluice_greedy(llm, work[:2], 4)  # warm-up: every kernel variant compiled
                 llm.kv.reset_prefix_cache()  # only sharing within the workload counts
