@@ -10,6 +10,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from sluice.schemas.depth import may_exceed, nesting_depth
+from tests.support.json_depth import depth_of
 
 # strings full of what could fool a scan: brackets, quotes, backslashes, escapes
 tricky_text = st.text(alphabet=st.sampled_from(list('[]{}"\\/,:ab\n\t\u00e9\U0001f600')), max_size=12)
@@ -17,17 +18,6 @@ leaves = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=
 values = st.recursive(leaves, lambda inner: st.one_of(st.lists(inner, max_size=3),
                                                       st.dictionaries(tricky_text, inner, max_size=3)),
                       max_leaves=40)
-
-
-def depth_of(value: Any) -> int:
-    """Depth of a decoded value, walked with an explicit stack (an independent reference)."""
-    deepest, stack = 0, [(value, 0)]
-    while stack:
-        v, level = stack.pop()
-        if isinstance(v, (list, dict)):
-            deepest = max(deepest, level + 1)
-            stack.extend((c, level + 1) for c in (v.values() if isinstance(v, dict) else v))
-    return deepest
 
 
 @settings(max_examples=500, deadline=None, derandomize=True)
