@@ -254,7 +254,7 @@ class Runner:
                 items = engine.prepare([v])
                 if len(items) != 1:
                     raise EngineError(f"prepare returned {len(items)} items for one value")
-                accepted.append((Pending(r, d, items[0]), _length(engine, items[0])))
+                accepted.append((Pending(r, d, items[0]), _length(engine, items[0]) if self._measure else 1))
             except Exception as err:  # RecordError, or anything else the engine raises on this one input
                 rejected.append((r, "prepare", err))
         return accepted

@@ -24,7 +24,7 @@ TOPIC = "in"
 PIPELINE = """
 source: {kafka: {bootstrap_servers: "memory:0", topics: [in], group_id: g}}
 codec: {format: json, input_field: text, max_record_bytes: 200000, max_depth: 32}
-batching: {max_batch_size: 16, max_queue_delay_ms: 1}
+batching: {max_batch_size: 16, max_queue_delay_ms: 1, bucket_by: tokens}  # tokens: item_length is asked
 engine: {type: python, function: "unused:unused"}
 sink: {kafka: {topic: out}, output: {mode: merge, field: tagged}}
 dead_letter: {topic: dlq, max_consecutive_failures: %s}
