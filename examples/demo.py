@@ -17,7 +17,9 @@ import time
 from confluent_kafka import Consumer, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-TOPICS = {"reviews": 3, "reviews.embeddings": 3, "reviews.shouted": 3, "reviews.dlq": 1}
+# Every topic the pipelines in examples/pipelines/ read or write (tests/test_config.py checks it): Sluice
+# checks at start that they exist, and the demo broker does not create topics on its own.
+TOPICS = {"reviews": 3, "reviews.embeddings": 3, "reviews.shouted": 3, "reviews.labelled": 3, "reviews.dlq": 1}
 
 REVIEWS = [
     "Arrived quickly and works exactly as described.",

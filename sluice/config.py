@@ -8,6 +8,7 @@ traceback. Unknown keys are errors everywhere (a misspelt option must not be sil
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from collections.abc import Mapping
@@ -15,7 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -26,8 +26,11 @@ from pydantic import (
     model_validator,
 )
 
+from sluice.config_yaml import YamlPath, YamlProblem, load_yaml, read_text
 from sluice.engines import registry
 from sluice.operator.batcher import BatchPolicy
+
+_MAX_PROBLEMS = 20  # problems listed; a file with more is not a pipeline with a few mistakes
 
 
 class ConfigError(Exception):
@@ -35,6 +38,8 @@ class ConfigError(Exception):
 
     def __init__(self, source: str, problems: list[str]) -> None:
         self.source = source
+        if len(problems) > _MAX_PROBLEMS:  # the first ones say what is wrong; hundreds would bury them
+            problems = [*problems[:_MAX_PROBLEMS], f"... and {len(problems) - _MAX_PROBLEMS} more problems"]
         self.problems = problems
         super().__init__("\n".join(f"{source}: {p}" for p in problems))
 
@@ -104,6 +109,11 @@ class Codec(_Strict):
     # record (an LLM prompt template filling several fields, say). Ignored for raw records, whose whole
     # value (UTF-8) is the input.
     input_field: str = Field(default="text", min_length=1)
+    # Bounds on one record, checked before decoding: a record over either is dead-lettered with the reason.
+    # 4 MiB is four times Kafka's default message size; the depth bound keeps every recursive step after
+    # decoding (encoding the output, the engine's own code) far from Python's recursion limit.
+    max_record_bytes: int = Field(default=4 * 1024 * 1024, ge=1)
+    max_depth: int = Field(default=128, ge=1, le=512)
 
 
 class Batching(_Strict):
@@ -180,6 +190,9 @@ class Sink(_Strict):
 
 class DeadLetter(_Strict):
     topic: str = Field(min_length=1)
+    # Stop once this many records in a row have failed (none reached the output topic in between): that
+    # points at a broken engine, codec or producer rather than at bad records. null: never stop.
+    max_consecutive_failures: int | None = Field(default=1000, ge=1)
 
 
 class Runtime(_Strict):
@@ -285,41 +298,49 @@ class LoadedPipeline:
 # ------------------------------------------------------------------------------------------ loading
 
 _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::([^}]*))?\}")
-_Path = tuple[str | int, ...]
+_Path = YamlPath
+_MAX_SHOWN = 80  # characters of a value, key or message shown in an error
+log = logging.getLogger(__name__)
 
 
 def load_pipeline(path: str | Path, environ: Mapping[str, str] | None = None) -> LoadedPipeline:
     """Read, interpolate and validate a pipeline file. Raises ConfigError with user-facing messages."""
     source = str(path)
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as err:
-        raise ConfigError(source, [f"cannot read the file: {err.strerror or err}"]) from None
-    except UnicodeDecodeError as err:
-        raise ConfigError(source, [f"the file is not UTF-8 text (byte {err.start}); save it as UTF-8"]) from None
+        text = read_text(path)
+    except YamlProblem as err:
+        raise ConfigError(source, [str(err)]) from None
     return parse_pipeline(text, source=source, environ=os.environ if environ is None else environ,
                           base_dir=Path(path).resolve().parent)
 
 
 def parse_pipeline(text: str, *, source: str = "<pipeline>", environ: Mapping[str, str] | None = None,
                    base_dir: Path | None = None) -> LoadedPipeline:
-    """Validate pipeline YAML text; see :func:`load_pipeline`."""
-    environ = os.environ if environ is None else environ
+    """Validate pipeline YAML text; see :func:`load_pipeline`. Raises ConfigError, and nothing else: the
+    YAML is read within bounds (sluice/config_yaml.py), and an error no check foresaw still becomes one
+    line (naming it a bug) rather than a traceback."""
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
-    except RecursionError:
-        raise ConfigError(source, ["the YAML is nested too deeply to be a pipeline"]) from None
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
-        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-        raise ConfigError(source, [f"{where}YAML syntax error: {problem}"]) from None
+        return _parse(text, source, os.environ if environ is None else environ, base_dir)
+    except ConfigError:
+        raise
+    except Exception as err:  # a bug in a validator, say: still one line for the user
+        log.debug("validating %s failed unexpectedly", source, exc_info=True)
+        raise ConfigError(source, [f"cannot validate the file: {type(err).__name__}: {_short(str(err))} (a bug "
+                                   "in Sluice or an engine: please report it, with the file)"]) from None
+
+
+def _parse(text: str, source: str, environ: Mapping[str, str], base_dir: Path | None) -> LoadedPipeline:
+    try:
+        data, lines = load_yaml(text)
+    except YamlProblem as err:
+        raise ConfigError(source, [str(err)]) from None
     if data is None:
         raise ConfigError(source, ["the file is empty; expected a mapping with 'source', 'engine' and 'sink'"])
     if not isinstance(data, dict):
         raise ConfigError(source, [f"the top level is a {_kind(data)}; expected a mapping of sections"])
-    lines = _line_index(node)
+    # Top-level keys starting with "x-" hold anchors for the rest of the file (`x-kafka: &kafka {...}`, then
+    # `<<: *kafka`), as in Docker Compose files: they are not settings, so they are not validated.
+    data = {k: v for k, v in data.items() if not (isinstance(k, str) and k.startswith("x-"))}
 
     problems: list[str] = []
     data = _interpolate(data, (), environ, problems, lines)
@@ -375,9 +396,9 @@ def _describe(err: ValidationError, prefix: _Path, lines: dict[_Path, int]) -> l
         kind = e["type"]
         # a secret's value (even a wrong one) never reaches a message
         secret = any(isinstance(p, str) and _SECRET_KEY.search(p) for p in loc)
-        shown = "<redacted>" if secret else repr(e.get("input"))
+        shown = "<redacted>" if secret else _short(repr(e.get("input")))
         if kind == "extra_forbidden":
-            msg = f"unknown key '{loc[-1]}'; check the spelling against the pipeline reference in the README"
+            msg = f"unknown key '{_short(str(loc[-1]))}'; check the spelling against the pipeline reference in the README"
         elif kind == "missing":
             msg = "is required but missing"
         elif kind in ("int_parsing", "int_type", "int_from_float"):
@@ -393,7 +414,7 @@ def _describe(err: ValidationError, prefix: _Path, lines: dict[_Path, int]) -> l
         elif kind == "literal_error":
             msg = f"expected one of {e['ctx']['expected']}, got {shown}"
         else:
-            msg = e["msg"].removeprefix("Value error, ")
+            msg = _short(e["msg"].removeprefix("Value error, "), 300)
             if "input" in e and not isinstance(e["input"], (dict, list)):
                 msg += f" (got {shown})"
         problems.append(f"{_where(loc, lines)}: {msg}")
@@ -401,7 +422,7 @@ def _describe(err: ValidationError, prefix: _Path, lines: dict[_Path, int]) -> l
 
 
 def _where(loc: _Path, lines: dict[_Path, int]) -> str:
-    dotted = ".".join(f"[{p}]" if isinstance(p, int) else p for p in loc).replace(".[", "[") or "<top>"
+    dotted = ".".join(f"[{p}]" if isinstance(p, int) else _short(p, 40) for p in loc).replace(".[", "[") or "<top>"
     probe = loc
     while probe and probe not in lines:  # a missing key: report the line of its parent mapping
         probe = probe[:-1]
@@ -409,24 +430,10 @@ def _where(loc: _Path, lines: dict[_Path, int]) -> str:
     return f"{dotted} (line {line})" if line else dotted
 
 
-def _line_index(node: yaml.Node | None) -> dict[_Path, int]:
-    """Map each YAML path to the 1-based line where its value (or key) starts."""
-    out: dict[_Path, int] = {}
-
-    def walk(n: yaml.Node, path: _Path) -> None:
-        out[path] = n.start_mark.line + 1
-        if isinstance(n, yaml.MappingNode):
-            for key_node, value_node in n.value:
-                child = (*path, str(key_node.value))
-                walk(value_node, child)
-                out[child] = key_node.start_mark.line + 1
-        elif isinstance(n, yaml.SequenceNode):
-            for i, item in enumerate(n.value):
-                walk(item, (*path, i))
-
-    if node is not None:
-        walk(node, ())
-    return out
+def _short(text: str, max_chars: int = _MAX_SHOWN) -> str:
+    """``text`` on one line, cut to ``max_chars``: a message must stay short whatever the file holds."""
+    text = " ".join(text.split())
+    return text if len(text) <= max_chars else text[:max_chars] + "..."
 
 
 def _kind(value: Any) -> str:

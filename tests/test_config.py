@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from sluice.config import ConfigError, parse_pipeline
 
@@ -114,3 +116,91 @@ def test_missing_file_is_a_clear_error(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "sluice.cli", "validate", str(tmp_path / "nope.yaml")],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1 and "cannot read the file" in proc.stderr and "Traceback" not in proc.stderr
+
+
+# ------------------------------------------------------------------------ hostile files (issue 16)
+
+def alias_bomb(levels: int = 9, fan_out: int = 9) -> str:
+    """Each level a list of ``fan_out`` aliases of the level above: a few hundred bytes, 9**9 values."""
+    lines = ["a0: &a0 [" + ", ".join(['"x"'] * fan_out) + "]"]
+    lines += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * fan_out) + "]" for i in range(1, levels + 1)]
+    return "\n".join(lines) + "\n"
+
+
+HOSTILE = [
+    ("alias loop", "a: &a [*a]\n", "an alias refers to the value it is part of"),
+    ("mapping alias loop", GOOD + "x-loop: &m {self: *m}\n", "line 17: an alias refers to the value it is part of"),
+    ("alias bomb", alias_bomb(), "aliases expand this file to more than 20,000 values"),
+    ("merge-key bomb", "".join(f"m{i}: &m{i} {{<<: [{', '.join([f'*m{i - 1}'] * 9) if i else ''}], k{i}: 1}}\n"
+                               .replace("<<: [], ", "") for i in range(9)), "aliases expand this file"),
+    ("deep block nesting", "".join("  " * i + f"k{i}:\n" for i in range(150)) + "  " * 150 + "v\n",
+     "nests more than 100 levels deep"),
+    ("deep flow nesting", "source: " + "[" * 5000 + "]" * 5000 + "\n", "nests"),
+    ("a date that is no date", GOOD.replace("group_id: g", "group_id: 2001-13-45"),
+     "YAML cannot read one of the values (ValueError: month must be in 1..12); if it is meant as text, put it in"),
+    ("a bool that is no bool", "name: !!bool maybe\n", "YAML cannot read one of the values (KeyError"),
+    ("python tag", "name: !!python/object/apply:os.system [true]\n", "could not determine a constructor"),
+    ("many values", "x:\n" + "- 1\n" * 30_000, "the file holds more than 20,000 values"),
+]
+
+
+@pytest.mark.parametrize(("name", "text", "fragment"), HOSTILE, ids=[h[0] for h in HOSTILE])
+def test_hostile_yaml_is_refused_in_one_line_quickly(name: str, text: str, fragment: str) -> None:
+    started = time.perf_counter()
+    with pytest.raises(ConfigError) as info:
+        parse_pipeline(text, environ={})
+    assert time.perf_counter() - started < 1.0
+    assert fragment in str(info.value) and len(str(info.value).splitlines()) == 1, str(info.value)
+
+
+def test_validate_answers_alias_loop_alias_bomb_and_50_mb_in_one_line_under_a_second(tmp_path: Path) -> None:
+    files = {"loop.yaml": b"a: &a [*a]\n", "bomb.yaml": alias_bomb().encode(),
+             "big.yaml": b"name: big\nx: |\n" + (b"  " + b"y" * 98 + b"\n") * 500_000}
+    expected = {"loop.yaml": "an alias refers to the value it is part of",
+                "bomb.yaml": "aliases expand this file to more than 20,000 values",
+                "big.yaml": "the file is 50.5 MB; a pipeline file is at most 1 MiB"}
+    for name, content in files.items():
+        path = tmp_path / name
+        path.write_bytes(content)
+        started = time.perf_counter()
+        proc = subprocess.run([sys.executable, "-m", "sluice.cli", "validate", str(path)], capture_output=True,
+                              text=True, timeout=60, env={"PATH": "/usr/bin:/bin"})
+        elapsed = time.perf_counter() - started
+        assert proc.returncode == 1 and proc.stdout == ""
+        assert proc.stderr.count("\n") == 1 and expected[name] in proc.stderr, proc.stderr[:2000]
+        assert elapsed < 1.0, f"{name}: {elapsed:.2f} s (the interpreter start included)"
+    # nothing is read past the limit: a device that never ends is refused too
+    proc = subprocess.run([sys.executable, "-m", "sluice.cli", "validate", "/dev/zero"], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 1 and "a pipeline file is at most 1 MiB" in proc.stderr
+
+
+def test_merge_keys_and_x_anchors_share_settings() -> None:
+    text = GOOD.replace("source:\n  kafka:\n    bootstrap_servers: 127.0.0.1:9092\n",
+                        "x-kafka: &kafka\n  bootstrap_servers: 127.0.0.1:9092\nsource:\n  kafka:\n    <<: *kafka\n")
+    text = text.replace("sink:\n  kafka:\n    topic: out\n", "sink:\n  kafka:\n    <<: *kafka\n    topic: out\n")
+    p = parse_pipeline(text, environ={}).pipeline
+    assert p.source.kafka.bootstrap_servers == p.sink.kafka.bootstrap_servers == "127.0.0.1:9092"
+    with pytest.raises(ConfigError, match="unknown key 'y-kafka'"):  # only x- keys are free
+        parse_pipeline(text.replace("x-kafka", "y-kafka").replace("*kafka", "*kafka"), environ={})
+
+
+def test_huge_values_and_many_mistakes_keep_the_message_short() -> None:
+    huge = GOOD.replace("max_batch_size: 8", "max_batch_size: " + "9" * 500_000 + "x")
+    message = str(pytest.raises(ConfigError, parse_pipeline, huge, environ={}).value)
+    assert len(message) < 400 and "as an integer" in message
+    many = GOOD + "".join(f"unknown_{i}_{'k' * 1000}: 1\n" for i in range(100))
+    message = str(pytest.raises(ConfigError, parse_pipeline, many, environ={}).value)
+    lines = message.splitlines()
+    assert len(lines) == 21 and lines[-1].endswith("... and 80 more problems")
+    assert max(len(line) for line in lines) < 400
+
+
+def test_the_demo_creates_every_topic_the_example_pipelines_use() -> None:
+    from examples.demo import TOPICS
+
+    root = Path(__file__).resolve().parents[1]
+    for path in sorted((root / "examples" / "pipelines").glob("*.yaml")):
+        doc = yaml.safe_load(path.read_text())  # the topics are written out; no engine needs importing
+        used = [*doc["source"]["kafka"]["topics"], doc["sink"]["kafka"]["topic"], doc["dead_letter"]["topic"]]
+        assert set(used) <= set(TOPICS), f"{path.name} uses {set(used) - set(TOPICS)}; examples/demo.py lacks them"

@@ -328,6 +328,7 @@ class KafkaSink:
         self._transactional = transactional_id is not None
         self._producer = Producer(conf)
         self._poller = threading.get_ident()  # the thread that serves delivery reports
+        self._unanswered = False  # max_message_bytes got no answer from any broker
 
     # ---- transactions (exactly-once). Called by the main thread only, never while another thread produces.
 
@@ -420,12 +421,17 @@ class KafkaSink:
         ``message.max.bytes``, less room for the record's own framing. Falls back to the producer's limit
         when the topic's configuration cannot be read (no describe permission, say)."""
         producer_limit = int(self._conf.get("message.max.bytes", 1_000_000))
+        if self._unanswered:  # no broker answered the last time: do not wait another 15 s at start
+            log.warning("cannot read max.message.bytes of topic %s (no broker answered); assuming %d", topic,
+                        producer_limit)
+            return producer_limit - _RECORD_OVERHEAD_BYTES
         admin = AdminClient({k: v for k, v in self._conf.items() if not _producer_only(k)})
         try:
             resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
             configs = admin.describe_configs([resource])[resource].result(timeout=15)
             topic_limit = int(configs["max.message.bytes"].value)
         except (KafkaException, KeyError, ValueError, TimeoutError) as err:  # TimeoutError: no broker answers
+            self._unanswered = isinstance(err, TimeoutError)
             log.warning("cannot read max.message.bytes of topic %s (%s); assuming %d", topic,
                         err or "no answer within 15 s", producer_limit)
             topic_limit = producer_limit

@@ -9,10 +9,11 @@ from typing import Any
 
 from sluice.config import LoadedPipeline
 from sluice.engines import registry
-from sluice.engines.base import BatchEngine, ContinuousEngine, EngineContext, EngineStartError
+from sluice.engines.base import BatchEngine, ContinuousEngine, EngineContext, EngineStartError, first_line
 from sluice.operator.instance import InstanceSlot, NoFreeSlot, claim_slot
 from sluice.operator.observer import Observer
 from sluice.operator.runner import Runner
+from sluice.operator.topics import TopicProblem, check_topics
 
 log = logging.getLogger(__name__)
 
@@ -31,20 +32,27 @@ def build_engine(loaded: LoadedPipeline) -> BatchEngine | ContinuousEngine:
                          f"install it with: pip install 'sluice[{p.engine.type}]'") from None
     context = EngineContext(max_batch_size=p.batching.max_batch_size, max_batch_tokens=p.batching.max_batch_tokens,
                             pipeline_dir=str(loaded.base_dir))
-    engine: BatchEngine | ContinuousEngine = engine_type.factory(loaded.engine_options, context)
     try:
+        engine: BatchEngine | ContinuousEngine = engine_type.factory(loaded.engine_options, context)
         engine.start()
     except EngineStartError as err:
         raise StartError(f"engine '{p.engine.type}': {err}") from None
+    except Exception as err:  # an engine (or a user's module it imports) failing in a way it did not foresee
+        log.debug("engine '%s' failed to start", p.engine.type, exc_info=True)
+        raise StartError(f"engine '{p.engine.type}' failed to start: {type(err).__name__}: {first_line(err)} "
+                         "(--log-level debug shows where)") from None
     return engine
 
 
 def build_runner(loaded: LoadedPipeline, *, observer: Observer | None = None,
                  **limits: Any) -> tuple[Runner, BatchEngine | ContinuousEngine]:
-    """Engine first (a slow warm-up must not eat into the consumer's poll interval), then Kafka clients.
+    """The topics' check, then the engine (a slow warm-up must not eat into the consumer's poll interval),
+    then Kafka clients.
 
     The observer (from the pipeline's ``telemetry`` section unless one is given) comes before the engine,
-    so /healthz answers and /readyz says "warming up" during a long model load.
+    so /healthz answers and /readyz says "warming up" during a long model load. The topics are checked
+    before the engine loads: a missing output topic is found in milliseconds, not after a model load and
+    a first batch (sluice/operator/topics.py).
     """
     from confluent_kafka import KafkaException
 
@@ -53,9 +61,16 @@ def build_runner(loaded: LoadedPipeline, *, observer: Observer | None = None,
     p = loaded.pipeline
     if observer is None:
         observer = _build_observer(loaded)
-    started_s = time.monotonic()
     try:
+        check_topics(p)
+        started_s = time.monotonic()
         engine = build_engine(loaded)
+    except TopicProblem as err:
+        observer.stopped()
+        raise StartError(str(err)) from None
+    except KafkaException as err:  # a client setting librdkafka rejects
+        observer.stopped()
+        raise StartError(f"kafka client configuration: {err.args[0].str()}") from None
     except BaseException:
         observer.stopped()
         raise

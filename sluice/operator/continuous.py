@@ -107,6 +107,9 @@ class ContinuousWorker(threading.Thread):
         self._to_drop.clear()
 
     def _advance(self, new: list[Pending]) -> None:
+        """Records enter the engine here. Per-record containment (containment.py): ``add`` raising, or
+        ``step`` returning an exception, fails that record alone; ``step`` itself raising is the engine
+        failing, and stops the operator."""
         finished: list[tuple[int, Pending, object]] = []
         started_s = self.clock()
         # One observed "batch" per step: the records admitted now (their queue delay ends here).

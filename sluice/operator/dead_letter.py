@@ -5,31 +5,55 @@ from __future__ import annotations
 
 import functools
 
-from sluice.operator.record import InputRecord, OutputRecord
+from sluice.operator.containment import error_text
+from sluice.operator.record import InputRecord, OutputRecord, message_bytes
 
 HEADER_PREFIX = "sluice.error."
 # Headers every output carries so a reader can find the input it came from.
 SOURCE_TOPIC, SOURCE_PARTITION, SOURCE_OFFSET = "sluice.source.topic", "sluice.source.partition", "sluice.source.offset"
+DROPPED = HEADER_PREFIX + "dropped"  # what was left out of a dead letter too large for its topic
 
 _MAX_MESSAGE_BYTES = 4096  # a header is no place for a megabyte of stack trace
 
 
-def dead_letter(record: InputRecord, topic: str, stage: str, error: BaseException | str) -> OutputRecord:
-    """The dead-letter record for ``record``, which failed at ``stage`` (decode, prepare, infer, encode...)."""
-    if isinstance(error, BaseException):
-        cls, message = type(error).__name__, str(error) or type(error).__name__
-    else:
-        cls, message = "Error", error
-    headers = list(record.headers)
-    headers += [
+def dead_letter(record: InputRecord, topic: str, stage: str, error: BaseException | str,
+                max_bytes: int | None = None) -> OutputRecord:
+    """The dead-letter record for ``record``, which failed at ``stage`` (decode, prepare, infer, encode...).
+
+    Never raises. ``max_bytes``: the most the dead-letter topic accepts. A dead letter over it (an input
+    refused for its size, from a topic allowing more than the dead-letter topic) would fail to deliver and
+    stop the operator; instead its value, then its input headers, then its key are left out until it fits,
+    and ``sluice.error.dropped`` says what was left out (the original stays in the input topic, at the
+    partition and offset the other headers name).
+    """
+    cls, message = error_text(error)
+    errors = [
         (HEADER_PREFIX + "stage", stage.encode()),
-        (HEADER_PREFIX + "class", cls.encode()),
+        (HEADER_PREFIX + "class", cls.encode("utf-8", "replace")),
         (HEADER_PREFIX + "message", message.encode("utf-8", "replace")[:_MAX_MESSAGE_BYTES]),
         (HEADER_PREFIX + "topic", record.tp.topic.encode()),
         (HEADER_PREFIX + "partition", str(record.tp.partition).encode()),
         (HEADER_PREFIX + "offset", str(record.offset).encode()),
     ]
-    return OutputRecord(topic=topic, value=record.value, key=record.key, headers=headers)
+    value, key, headers = record.value, record.key, list(record.headers)
+    if max_bytes is None or message_bytes(value, key, headers + errors) <= max_bytes:
+        return OutputRecord(topic=topic, value=value, key=key, headers=headers + errors)
+    dropped: list[str] = []
+    for part in ("value", "headers", "key"):  # least useful to a reader of the dead letters first
+        if part == "value" and value:
+            dropped.append(f"value ({len(value)} bytes)")
+            value = b""
+        elif part == "headers" and headers:
+            dropped.append(f"{len(headers)} input headers")
+            headers = []
+        elif part == "key" and key:
+            dropped.append(f"key ({len(key)} bytes)")
+            key = None
+        note = (DROPPED, (", ".join(dropped) + f": the dead letter was over the {max_bytes} bytes its topic "
+                          "accepts").encode())
+        if message_bytes(value, key, [*headers, *errors, note]) <= max_bytes:
+            break
+    return OutputRecord(topic=topic, value=value, key=key, headers=[*headers, *errors, note])
 
 
 def source_headers(record: InputRecord) -> list[tuple[str, bytes]]:

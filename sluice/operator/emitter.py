@@ -3,6 +3,11 @@ delivery reports acknowledge the inputs in the offset tracker.
 
 ``settle`` runs on the engine thread (a finished batch); ``emit`` also on the intake thread (records that
 failed to decode). Delivery reports arrive on the main thread, the only one that polls the producer.
+
+Per-record containment (sluice/operator/containment.py) holds here too: whatever fails while one result
+becomes its output record (encoding, the output key, headers and trace context, the size check) sends
+that record alone to the dead-letter topic; and ``emit`` counts the failures in a row, stopping the
+operator at ``dead_letter.max_consecutive_failures``.
 """
 
 from __future__ import annotations
@@ -14,11 +19,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 from confluent_kafka import KafkaError
 
 from sluice.config import Pipeline
+from sluice.operator.containment import ConsecutiveFailures, error_text
 from sluice.operator.dead_letter import dead_letter, source_headers
 from sluice.operator.errors import Failed
 from sluice.operator.io_errors import ProduceFailed
 from sluice.operator.observer import Observer
-from sluice.operator.record import InputRecord, Pending
+from sluice.operator.record import InputRecord, Pending, message_bytes
 from sluice.operator.release import ReleaseGate
 from sluice.operator.worker import SharedState
 from sluice.schemas.codec import CodecError, RecordCodec
@@ -78,60 +84,98 @@ class Emitter:
         self.out_topic = pipeline.sink.kafka.topic
         self.dlq_topic = pipeline.dead_letter.topic if pipeline.dead_letter else None
         self.keep_key = pipeline.sink.output.key == "input"
-        self.max_output_bytes = 1_000_000  # replaced by the topic's own limit in read_topic_limits
+        # replaced by the topics' own limits in read_topic_limits
+        self.max_output_bytes = self.max_dead_letter_bytes = 1_000_000
+        self.failures = ConsecutiveFailures(pipeline.dead_letter.max_consecutive_failures
+                                            if pipeline.dead_letter else None)
         self.fatal: str | None = None
 
     def read_topic_limits(self) -> None:
         self.max_output_bytes = self.sink.max_message_bytes(self.out_topic)
+        if self.dlq_topic is not None:
+            self.max_dead_letter_bytes = (self.max_output_bytes if self.dlq_topic == self.out_topic
+                                          else self.sink.max_message_bytes(self.dlq_topic))
 
     def settle(self, batch: list[Pending], outcomes: list[object]) -> None:
-        """Engine thread: encode each result and produce it (or its dead-letter record)."""
+        """Engine thread: encode each result and produce it (or its dead-letter record).
+
+        Records enter the output side here, one by one: any exception while one becomes its output record
+        dead-letters that record alone, at the stage it was in.
+        """
         codec, topic, limit = self.codec, self.out_topic, self.max_output_bytes
         injects_headers = self.observer.injects_headers
         outputs: list[Output] = []
         records: list[InputRecord] = []
         failed: list[Failure] = []
+        order: list[bool] = []  # per record, in batch order: did it make it? (for the failures in a row)
         for pending, outcome in zip(batch, outcomes, strict=True):
             r = pending.record
             if isinstance(outcome, Failed):
                 failed.append((r, "infer", outcome.error))
+                order.append(False)
                 continue
+            stage = "encode"
             try:
                 value = codec.encode(pending.document, outcome)
                 key = r.key if self.keep_key else codec.output_key(pending.document, r.key)
-            except CodecError as err:
-                failed.append((r, err.stage, err))
-                continue
-            headers = source_headers(r)
-            if injects_headers:
-                headers += self.observer.output_headers(r, None)
-            if len(value) > limit - 4096 and (size := _size(value, key, headers)) > limit:
-                failed.append((r, "produce", OversizedResult(
-                    f"the output is {size} bytes; topic {topic} accepts at most {limit} "
-                    "(raise its max.message.bytes, or shrink the result)")))
+                stage = "headers"
+                headers = source_headers(r)
+                if injects_headers:
+                    headers += self.observer.output_headers(r, None)
+                stage = "produce"
+                if len(value) > limit - 4096 and (size := message_bytes(value, key, headers)) > limit:
+                    raise OversizedResult(f"the output is {size} bytes; topic {topic} accepts at most {limit} "
+                                          "(raise its max.message.bytes, or shrink the result)")
+            except Exception as err:  # about this record alone (containment.py)
+                failed.append((r, err.stage if isinstance(err, CodecError) else stage, err))
+                order.append(False)
                 continue
             outputs.append((topic, value, key, headers))
             records.append(r)
-        self.emit(records, outputs, failed)
+            order.append(True)
+        self.emit(records, outputs, failed, order if failed else None)
 
-    def emit(self, records: list[InputRecord], outputs: list[Output], failed: list[Failure]) -> None:
+    def emit(self, records: list[InputRecord], outputs: list[Output], failed: list[Failure],
+             order: list[bool] | None = None) -> None:
         """Produce ``outputs`` (one per record in ``records``) and dead-letter records for ``failed``; the
         inputs are acked together once every one of them is delivered. Under exactly-once the state's
         release gate holds each output back until every earlier record of its partition has been produced
-        (sluice/operator/release.py)."""
+        (sluice/operator/release.py).
+
+        ``order``: True (an output) or False (a failure) per record, in the order they were settled
+        (default: the outputs, then the failures). When ``dead_letter.max_consecutive_failures`` records in
+        a row have failed, the operator stops: the failure that reached the threshold and every later one
+        are not dead-lettered, and stay uncommitted for a run that has been fixed."""
         num_results = len(outputs)
         if failed:
-            self.observer.rejected(failed)
+            self._observe_rejected(failed)
+            with self.state.cond:
+                allowed = self.failures.observe(order if order is not None
+                                                else [True] * num_results + [False] * len(failed))
+            if allowed < len(failed):
+                if self.fatal is None:  # the first record refused says why; later ones change nothing
+                    self._stop_on_failures(failed[allowed])
+                failed = failed[:allowed]
+        elif num_results:
+            with self.state.cond:
+                self.failures.observe((True,))
         for r, stage, err in failed:
             if self.dlq_topic is None:
-                self.fatal = (f"record {r.tp.topic}[{r.tp.partition}]@{r.offset} failed at {stage}: {err}; "
-                              "no dead_letter topic is configured, so the operator stops here without "
-                              "committing past it (configure dead_letter.topic to divert such records)")
+                self.fatal = (f"record {r.tp.topic}[{r.tp.partition}]@{r.offset} failed at {stage}: "
+                              f"{_one_line(err or 'unknown error')}; no dead_letter topic is configured, so the "
+                              "operator stops here without committing past it (configure dead_letter.topic to "
+                              "divert such records)")
                 continue  # never acked: the watermark stays before it
-            out = dead_letter(r, self.dlq_topic, stage, err or "unknown error")
-            log.debug("dead-lettering %s[%d]@%d at %s: %s", r.tp.topic, r.tp.partition, r.offset, stage, err)
+            # room for the trace header the observer may add
+            out = dead_letter(r, self.dlq_topic, stage, err or "unknown error", self.max_dead_letter_bytes - 256)
+            log.debug("dead-lettering %s[%d]@%d at %s: %s", r.tp.topic, r.tp.partition, r.offset, stage,
+                      _one_line(err or "unknown error"))
             if self.observer.injects_headers:
-                out.headers.extend(self.observer.output_headers(r, stage))
+                try:
+                    out.headers.extend(self.observer.output_headers(r, stage))
+                except Exception as trace_err:  # the record goes to the dead letters all the same
+                    log.warning("no trace context for the dead letter of %s[%d]@%d: %s", r.tp.topic,
+                                r.tp.partition, r.offset, _one_line(trace_err))
             records.append(r)
             outputs.append((out.topic, out.value, out.key, out.headers))
         if not outputs:
@@ -151,6 +195,19 @@ class Emitter:
                 produce(topic, value, key, headers, delivery)
         except ProduceFailed as err:  # none of this batch is acked, so nothing past it is committed
             self.fatal = f"{err}; stopping without committing past this batch's inputs"
+
+    def _observe_rejected(self, failed: list[Failure]) -> None:
+        try:
+            self.observer.rejected(failed)
+        except Exception as err:  # telemetry about failed records must not add a failure of its own
+            log.warning("the observer failed on %d rejected records: %s", len(failed), _one_line(err))
+
+    def _stop_on_failures(self, last: Failure) -> None:
+        r, stage, err = last
+        self.fatal = (f"{self.failures.run} records in a row failed (the last, {r.tp.topic}[{r.tp.partition}]"
+                      f"@{r.offset}, at {stage}: {_one_line(err or 'unknown error')}); that many point at the "
+                      "engine, the codec or the input rather than at single records, so the operator stops "
+                      "without committing past them (dead_letter.max_consecutive_failures sets how many)")
 
     def _in_order(self, gate: ReleaseGate[tuple[InputRecord, Output, bool]], records: list[InputRecord],
                   outputs: list[Output], num_results: int) -> tuple[list[InputRecord], list[Output], int]:
@@ -182,5 +239,9 @@ class Emitter:
 _PURGED = (KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT)
 
 
-def _size(value: bytes, key: bytes | None, headers: list[tuple[str, bytes]]) -> int:
-    return len(value) + len(key or b"") + sum(len(k) + len(v or b"") for k, v in headers)
+def _one_line(err: BaseException | str, max_chars: int = 300) -> str:
+    """``Class: message`` on one short line, for logs and stop messages."""
+    cls, message = error_text(err)
+    text = " ".join(message.split())
+    text = text if len(text) <= max_chars else text[:max_chars] + "..."
+    return text if isinstance(err, str) else f"{cls}: {text}"

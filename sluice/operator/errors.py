@@ -15,6 +15,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from sluice.operator.containment import error_text
+
 log = logging.getLogger(__name__)
 
 
@@ -25,11 +27,15 @@ class Failed:
     error: BaseException
 
 
+class WrongResultCount(Exception):
+    """``infer`` returned a list that is not one result per input."""
+
+
 def is_out_of_memory(err: BaseException) -> bool:
     """True for the out-of-memory errors of Python, PyTorch (CUDA), ONNX Runtime and TensorRT."""
     if isinstance(err, MemoryError) or "OutOfMemory" in type(err).__name__:
         return True
-    text = str(err).lower()
+    text = error_text(err)[1].lower()  # never raises, even for a message that cannot be read
     return "out of memory" in text or "failed to allocate memory" in text
 
 
@@ -63,16 +69,19 @@ def infer_isolating(infer: Callable[[Sequence[Any]], list[Any]], items: Sequence
     """Run ``infer`` on ``items``; where it raises, split the batch in halves and retry each half.
 
     Returns one entry per item, in order: the engine's result, or :class:`Failed` for an item that fails
-    on its own. Exceptions that are not ``Exception`` (KeyboardInterrupt, SystemExit) propagate.
+    on its own. A call that returns the wrong number of results counts as failed. Exceptions that are not
+    ``Exception`` (KeyboardInterrupt, SystemExit) propagate.
     """
     try:
         results = infer(items)
+        if len(results) != len(items):
+            raise WrongResultCount(f"the engine returned {len(results)} results for {len(items)} inputs")
     except Exception as err:
         if governor is not None and is_out_of_memory(err):
             governor.out_of_memory(len(items))
         if len(items) == 1:
             return [Failed(err)]
-        log.info("engine failed on a batch of %d (%s: %s); splitting it", len(items), type(err).__name__, err)
+        log.info("engine failed on a batch of %d (%s: %.200s); splitting it", len(items), *error_text(err))
     else:
         if governor is not None:
             governor.succeeded()

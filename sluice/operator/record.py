@@ -50,3 +50,9 @@ class OutputRecord:
     value: bytes | None
     key: bytes | None
     headers: Headers
+
+
+def message_bytes(value: bytes | None, key: bytes | None, headers: Headers) -> int:
+    """Bytes of a record's value, key and headers: what counts against a topic's ``max.message.bytes``
+    (less the record's own framing, which the sink's limits already leave room for)."""
+    return len(value or b"") + len(key or b"") + sum(len(k) + len(v or b"") for k, v in headers)

@@ -11,6 +11,11 @@ At-least-once, step by step, for every input record:
 3. ``tracker.ack`` once every record of that batch has a successful delivery report;
 4. only the tracker's watermark is stored, and librdkafka commits what was stored.
 
+Per-record containment (sluice/operator/containment.py): any exception raised by the work done for one
+record sends that record to the dead-letter topic and the operator goes on; only failures that are not
+about one record stop it. Records enter at ``_intake`` (headers, decode, prepare), the engine workers
+(infer) and ``Emitter.settle`` (encode, output key and headers).
+
 A record rejected with no dead-letter topic configured is never acked: the watermark stops before it and
 the operator stops. A delivery failure also stops the operator without committing past that record.
 """
@@ -19,6 +24,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import operator
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -26,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
 from sluice.config import LoadedPipeline
-from sluice.engines.base import BatchEngine, ContinuousEngine, RecordError
+from sluice.engines.base import BatchEngine, ContinuousEngine, EngineError
 from sluice.operator.adaptive import AdaptivePolicy
 from sluice.operator.batcher import Batcher
 from sluice.operator.continuous import ContinuousWorker
@@ -181,21 +187,26 @@ class Runner:
     # ------------------------------------------------------------------------------------------- intake
 
     def _intake(self, records: list[InputRecord], now: float) -> None:
-        self.observer.polled(records, now)
+        """Records enter the operator here. Per-record containment (containment.py): each step below that
+        looks at one record's content -- its headers and trace context, decoding, ``prepare`` and its
+        length -- either handles the record or sends that record alone to the dead-letter topic."""
         s = self.state
         with s.cond:
             s.tracker.track_many((r.tp, r.offset) for r in records)
             if s.release is not None:
                 s.release.track_many((r.tp, r.offset) for r in records)
         self.summary.num_in += len(records)
-        decoded: list[tuple[InputRecord, Any, Any]] = []
         rejected: list[tuple[InputRecord, str, BaseException | None]] = []
+        records = self._observe_polled(records, now, rejected)
+        decoded: list[tuple[InputRecord, Any, Any]] = []
+        decode = self.codec.decode
         for r in records:
             try:
-                document, value = self.codec.decode(r.value)
+                document, value = decode(r.value)
+            except Exception as err:  # CodecError, or whatever else one record makes the decoder raise
+                rejected.append((r, err.stage if isinstance(err, CodecError) else "decode", err))
+            else:
                 decoded.append((r, document, value))
-            except CodecError as err:
-                rejected.append((r, err.stage, err))
         accepted = self._prepare(decoded, rejected)
         with s.cond:
             s.batcher.add_many(accepted, now)
@@ -204,25 +215,48 @@ class Runner:
             s.cond.notify_all()
         self.emitter.emit([], [], rejected)
 
+    def _observe_polled(self, records: list[InputRecord], now: float,
+                        rejected: list[tuple[InputRecord, str, BaseException | None]]) -> list[InputRecord]:
+        """The observer's ``polled`` (trace context from each record's headers) for the whole poll; record by
+        record only when that fails, to find the records it fails on. Returns the records that passed."""
+        try:
+            self.observer.polled(records, now)
+            return records
+        except Exception:
+            pass
+        passed = []
+        for r in records:
+            try:
+                self.observer.polled([r], now)
+            except Exception as err:
+                rejected.append((r, "headers", err))
+            else:
+                passed.append(r)
+        return passed
+
     def _prepare(self, decoded: list[tuple[InputRecord, Any, Any]],
                  rejected: list[tuple[InputRecord, str, BaseException | None]]) -> list[tuple[Pending, int]]:
-        """Engine ``prepare`` for all records at once; one by one only when that fails."""
+        """Engine ``prepare`` (and ``item_length``) for all records at once; one by one only when that fails,
+        so that only the records it fails on alone are dead-lettered, with the engine's own exception."""
         engine = self.engine
         try:
             items = engine.prepare([v for _, _, v in decoded])
+            if len(items) != len(decoded):
+                raise EngineError(f"prepare returned {len(items)} items for {len(decoded)} values")
+            if self._measure:
+                return [(Pending(r, d, it), _length(engine, it)) for (r, d, _), it in zip(decoded, items, strict=True)]
+            return [(Pending(r, d, it), 1) for (r, d, _), it in zip(decoded, items, strict=True)]
         except Exception:
             pass
-        else:
-            if self._measure:
-                return [(Pending(r, d, it), engine.item_length(it)) for (r, d, _), it in zip(decoded, items, strict=True)]
-            return [(Pending(r, d, it), 1) for (r, d, _), it in zip(decoded, items, strict=True)]
         accepted = []
         for r, d, v in decoded:
             try:
-                item = engine.prepare([v])[0]
-                accepted.append((Pending(r, d, item), engine.item_length(item)))
-            except Exception as err:  # RecordError, or an engine bug on this one input
-                rejected.append((r, "prepare", err if isinstance(err, RecordError) else RecordError(repr(err))))
+                items = engine.prepare([v])
+                if len(items) != 1:
+                    raise EngineError(f"prepare returned {len(items)} items for one value")
+                accepted.append((Pending(r, d, items[0]), _length(engine, items[0]) if self._measure else 1))
+            except Exception as err:  # RecordError, or anything else the engine raises on this one input
+                rejected.append((r, "prepare", err))
         return accepted
 
     # ----------------------------------------------------------------------------- flow and rebalances
@@ -401,6 +435,11 @@ class Runner:
                             "they stay uncommitted and will be processed again", unfinished, left)
             self.source.commit(watermarks)
         self.source.close()
+
+
+def _length(engine: BatchEngine | ContinuousEngine, item: Any) -> int:
+    """``item_length`` as the batcher needs it: an integer of at least 1."""
+    return max(1, operator.index(engine.item_length(item)))
 
 
 def _relax_gc() -> tuple[int, int, int]:

@@ -113,6 +113,9 @@ class EngineWorker(threading.Thread):
                 s.cond.wait(None if wake_at is None or s.hold else max(0.0, wake_at - now))
 
     def _process(self, batch: list[Pending]) -> None:
+        """Records enter inference here. Per-record containment (containment.py): a failing batch is
+        bisected and only the records that fail alone become :class:`Failed` (dead-lettered by
+        ``settle``); ``settle`` contains whatever fails while results become output records."""
         padded_tokens = self.state.batcher.last_padded_tokens  # set when the batch was taken (under the lock)
         started_s = self.clock()
         handle = self.observer.batch_started(batch, started_s)

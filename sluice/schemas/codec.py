@@ -1,7 +1,12 @@
 """Record codecs: bytes -> (document, model input) on the way in; (document, result) -> bytes on the way out.
 
-Every failure is a :class:`CodecError` whose message says what was wrong with *that record*; the runner
-sends the record to the dead-letter topic with it and goes on.
+Every failure the codec foresees is a :class:`CodecError` whose message says what was wrong with *that
+record*; the runner sends the record to the dead-letter topic with it and goes on (and does the same with
+any other exception raised here: sluice/operator/containment.py).
+
+Decoding is bounded before any recursive work: a value larger than ``codec.max_record_bytes`` is refused
+unread, and a JSON value nested deeper than ``codec.max_depth`` is refused after a linear, non-recursive
+scan (sluice/schemas/depth.py) -- a decoder recurses once per level, and 100,000 levels make it raise.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from typing import Any
 import msgspec
 
 from sluice.config import Codec, Output
+from sluice.schemas.depth import may_exceed, nesting_depth
 
 
 class CodecError(Exception):
@@ -65,16 +71,25 @@ class RecordCodec:
         """Return (document, model input). Raises CodecError('decode', ...)."""
         if value is None:
             raise CodecError("decode", "the record has no value (a tombstone)")
-        if self.codec.format == "raw":
+        codec = self.codec
+        if len(value) > codec.max_record_bytes:
+            raise CodecError("decode", f"the value is {len(value)} bytes; codec.max_record_bytes allows "
+                                       f"{codec.max_record_bytes}")
+        if codec.format == "raw":
             try:
                 text = value.decode("utf-8")
             except UnicodeDecodeError as err:
                 raise CodecError("decode", f"the value is not valid UTF-8: {err.reason} at byte {err.start}") from None
             return text, text
+        if may_exceed(value, codec.max_depth) and (depth := nesting_depth(value)) > codec.max_depth:
+            raise CodecError("decode", f"the JSON nests {depth} levels deep; codec.max_depth allows "
+                                       f"{codec.max_depth}")
         try:
             document = _decoder.decode(value)
         except msgspec.DecodeError as err:
             raise CodecError("decode", f"the value is not valid JSON: {err}") from None
+        except RecursionError:  # cannot happen within max_depth's bound; kept so that it never stops a run
+            raise CodecError("decode", "the JSON nests too deeply to decode") from None
         if not isinstance(document, dict):
             raise CodecError("decode", f"expected a JSON object, got a JSON {type(document).__name__}")
         try:

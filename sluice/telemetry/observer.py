@@ -113,10 +113,10 @@ class TelemetryObserver(Observer):
     # ----------------------------------------------------------------------------------- record flow
 
     def polled(self, records: Sequence[InputRecord], now_s: float) -> None:
+        if self.tracer is not None:  # first: if a record's headers make it raise, the runner calls again
+            self.tracer.polled(records, now_s)  # record by record, and nothing is counted twice
         if self.counting:
             self.stats.record_polled(len(records))
-        if self.tracer is not None:
-            self.tracer.polled(records, now_s)
 
     def rejected(self, failures: Sequence[tuple[InputRecord, str, BaseException | None]]) -> None:
         stages = [stage for _, stage, _ in failures]

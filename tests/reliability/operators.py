@@ -112,3 +112,16 @@ def copy_stops_the_first(pipeline: Path, tmp_path: Path, progress: Callable[[], 
             if op is not None:
                 op.close()
 
+
+
+def run_until_idle(pipeline: Path, log_path: Path, idle_exit_s: float = 2, timeout_s: float = 180,
+                   env: Mapping[str, str] | None = None) -> str:
+    """Run an operator until it stops on its own (idle for ``idle_exit_s``); it must exit 0 without a
+    traceback. Returns its log."""
+    op = Operator(pipeline, log_path, idle_exit_s=idle_exit_s, env=env)
+    try:
+        assert op.wait(timeout_s) == 0, op.log()[-3000:]
+    finally:
+        op.close()
+    assert "Traceback" not in op.log(), op.log()[-3000:]
+    return op.log()
