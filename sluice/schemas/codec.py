@@ -2,17 +2,24 @@
 
 Every failure is a :class:`CodecError` whose message says what was wrong with *that record*; the runner
 sends the record to the dead-letter topic with it and goes on.
+
+JSON and raw records are handled here. The Schema Registry formats (avro, protobuf, json_schema) are one
+module each behind :class:`~sluice.schemas.schema_format.SchemaFormat`, given as ``schemas``; their decode
+may also raise :class:`~sluice.schemas.registry.RegistryUnavailable`, which is not the record's fault.
 """
 
 from __future__ import annotations
 
 import base64
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from sluice.config import Codec, Output
+
+if TYPE_CHECKING:
+    from sluice.schemas.schema_format import SchemaFormat
 
 
 class CodecError(Exception):
@@ -54,6 +61,7 @@ class RecordCodec:
 
     codec: Codec
     output: Output
+    schemas: SchemaFormat | None = None  # avro, protobuf, json_schema (sluice/schemas/formats.py builds it)
 
     def __post_init__(self) -> None:
         field = self.codec.input_field
@@ -65,6 +73,8 @@ class RecordCodec:
         """Return (document, model input). Raises CodecError('decode', ...)."""
         if value is None:
             raise CodecError("decode", "the record has no value (a tombstone)")
+        if self.schemas is not None:
+            return self.schemas.decode(value)
         if self.codec.format == "raw":
             try:
                 text = value.decode("utf-8")
@@ -86,6 +96,10 @@ class RecordCodec:
 
     def encode(self, document: Any, result: Any) -> bytes:
         """The output value for one record. Raises CodecError('encode', ...)."""
+        if self.schemas is not None:
+            if not self.schemas.writes_json:
+                return self.schemas.encode(document, result)
+            document = self.schemas.as_dict(document.record)
         if self.output.mode == "merge" and isinstance(document, dict):
             out = dict(document)
             out[self.output.field] = result
@@ -104,6 +118,8 @@ class RecordCodec:
             return input_key
         if self.output.key == "none":
             return None
+        if self.schemas is not None:
+            document = self.schemas.as_dict(document.record)
         try:
             value = _get_path(document, self._key_path)  # type: ignore[attr-defined]
         except KeyError:
