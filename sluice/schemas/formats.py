@@ -21,6 +21,14 @@ def build_schema_format(pipeline: Pipeline, result_schema: dict[str, Any] | None
     from sluice.schemas.registry import connect
 
     try:
+        import confluent_kafka.schema_registry  # noqa: F401 - its extras: httpx, fastavro, protobuf, jsonschema
+        import fastavro  # noqa: F401
+        import google.protobuf  # noqa: F401
+        import jsonschema  # noqa: F401
+    except ImportError as err:
+        raise SchemaSetupError(f"codec.format {codec.format} needs confluent-kafka's Schema Registry extras ({err}); "
+                               "install them with: pip install 'sluice[schema-registry]'") from None
+    try:
         client = connect(codec.schema_registry)
     except (ValueError, TypeError, OSError) as err:  # bad URL, unreadable TLS files
         raise SchemaSetupError(f"codec.schema_registry: {err}") from None
