@@ -125,7 +125,8 @@ class SchemaFormat(ABC):
         self.out = OutputSubject(out_topic, output.subject_name_strategy)
         self.input_field = codec.input_field
         self._path = () if codec.input_field == "." else tuple(codec.input_field.split("."))
-        self._writers: dict[Any, OutputWriter | None | _Refused] = {}  # schema id (or guid) -> its writer
+        # header bytes (and schema id, or GUID, for those set up at start) -> the writer of its records
+        self._writers: dict[Any, OutputWriter | None | _Refused] = {}
         self._num_refused = 0
 
     # ------------------------------------------------------------------------------ what a format gives
@@ -176,17 +177,28 @@ class SchemaFormat(ABC):
 
         The record's own faults come first (unknown schema id, undecodable bytes, missing field); the output
         schema of a new input schema id is set up only for a record that got that far."""
-        schema_id = self._schema_id(value)
-        writer = self._writers.get(schema_id, _MISSING)
+        # Known schemas are found by the header's bytes (magic byte and id: value[:5]; a GUID header is 17
+        # bytes): one slice and one dict lookup per record. A new header is parsed by confluent-kafka's own
+        # reader, which also rejects a bad magic byte.
+        header = value[:17] if value[:1] == b"\x01" else value[:5]
+        writer = self._writers.get(header, _MISSING)
         schema = None
         if writer is _MISSING:
-            schema = self._fetch(schema_id)
-        elif isinstance(writer, _Refused):
+            schema_id = self._schema_id(value)
+            writer = self._writers.get(schema_id, _MISSING)  # set up at start, or refused
+            if writer is _MISSING:
+                schema = self._fetch(header, schema_id)
+            else:
+                self._writers[header] = writer
+        else:
+            schema_id = None
+        if isinstance(writer, _Refused):
             raise CodecError(writer.stage, writer.reason)
         try:
             record = self.deserialize(value)
         except Exception as err:
             reason = unavailable_reason(err)
+            schema_id = self._schema_id(value)
             if reason is not None:
                 raise RegistryUnavailable(f"decoding a record of schema id {schema_id}: {reason}") from None
             raise CodecError("decode", f"the value does not decode with schema id {schema_id}: "
@@ -196,7 +208,7 @@ class SchemaFormat(ABC):
         except KeyError:
             raise CodecError("decode", f"the record has no field '{self.input_field}' (or it is null)") from None
         if schema is not None:
-            writer = self._writer_of(schema_id, schema)
+            writer = self._writer_of(header, schema_id, schema)
             if isinstance(writer, _Refused):
                 raise CodecError(writer.stage, writer.reason)
         return Decoded(record, writer), model_input
@@ -228,7 +240,7 @@ class SchemaFormat(ABC):
                                        f"a 4-byte schema id): {err or type(err).__name__}") from None
         return schema_id.id if schema_id.id is not None else schema_id.guid
 
-    def _fetch(self, schema_id: Any) -> Any:
+    def _fetch(self, header: bytes, schema_id: Any) -> Any:
         """The schema of a new id (the client caches it for the deserializer). RegistryUnavailable propagates,
         and the record is tried again later; an unknown id is remembered and raised as the record's fault."""
         what = f"schema id {schema_id}"
@@ -237,19 +249,19 @@ class SchemaFormat(ABC):
                 return registry_call(lambda: self.client.get_schema(schema_id), what)
             return registry_call(lambda: self.client.get_schema_by_guid(str(schema_id)), what)
         except UnknownSchema:
-            refused = self._refuse(schema_id, "decode", f"unknown schema id {schema_id}: the schema registry has "
-                                                        "no such schema")
+            refused = self._refuse(header, "decode", f"unknown schema id {schema_id}: the schema registry has "
+                                                     "no such schema")
         except SchemaRejected as err:
-            refused = self._refuse(schema_id, "decode", str(err))
+            refused = self._refuse(header, "decode", str(err))
         raise CodecError(refused.stage, refused.reason)
 
-    def _writer_of(self, schema_id: Any, schema: Any) -> OutputWriter | None | _Refused:
+    def _writer_of(self, header: bytes, schema_id: Any, schema: Any) -> OutputWriter | None | _Refused:
         """Set up the output of a new input schema id (RegistryUnavailable propagates)."""
         try:
             writer: OutputWriter | None | _Refused = self._prepare(schema_id, schema)
         except (SchemaRejected, UnknownSchema, ValueError) as err:
-            return self._refuse(schema_id, "encode", f"no output schema for input schema id {schema_id}: {err}")
-        self._writers[schema_id] = writer
+            return self._refuse(header, "encode", f"no output schema for input schema id {schema_id}: {err}")
+        self._writers[header] = self._writers[schema_id] = writer
         return writer
 
     def _prepare(self, schema_id: Any, schema: Any) -> OutputWriter | None:
@@ -257,12 +269,12 @@ class SchemaFormat(ABC):
         log.info("input schema id %s: outputs %s", schema_id, "as JSON" if writer is None else "set up")
         return writer
 
-    def _refuse(self, schema_id: Any, stage: str, reason: str) -> _Refused:
-        log.warning("records of schema id %s go to the dead-letter topic: %s", schema_id, reason)
+    def _refuse(self, header: bytes, stage: str, reason: str) -> _Refused:
+        log.warning("records with schema header %s go to the dead-letter topic: %s", header.hex(), reason)
         if self._num_refused >= _MAX_REFUSED_IDS:
             self._writers = {k: w for k, w in self._writers.items() if not isinstance(w, _Refused)}
             self._num_refused = 0
-        refused = self._writers[schema_id] = _Refused(stage, reason)
+        refused = self._writers[header] = _Refused(stage, reason)
         self._num_refused += 1
         return refused
 
