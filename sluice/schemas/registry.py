@@ -15,6 +15,7 @@ Secrets (the basic-auth password, the TLS key's password) are revealed only into
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -72,6 +73,9 @@ def connect(cfg: SchemaRegistry) -> Any:
     """A SchemaRegistryClient for ``cfg``. Raises ValueError (with the client's reason) for bad settings."""
     from confluent_kafka.schema_registry import SchemaRegistryClient
 
+    # httpx logs every request at INFO; Sluice makes a few per schema and logs what matters itself
+    for name in ("httpx", "httpx2"):
+        logging.getLogger(name).setLevel(logging.WARNING)
     return SchemaRegistryClient(client_config(cfg))
 
 

@@ -165,6 +165,9 @@ class SchemaFormat(ABC):
                         lambda s=subject, v=version: self.client.get_version(s, v),  # type: ignore[misc]
                         f"version {version} of subject {subject}")
                     self._writers[registered.schema_id] = self._prepare(registered.schema_id, registered.schema)
+                    # what the deserializer asks for at its first record of this id: cached now
+                    registry_call(lambda i=registered.schema_id: self.client.get_schema(i),  # type: ignore[misc]
+                                  f"schema id {registered.schema_id}")
             except UnknownSchema:
                 log.info("subject %s has no schema yet: its output schema is derived at its first record", subject)
             except (RegistryUnavailable, SchemaRejected, ValueError) as err:

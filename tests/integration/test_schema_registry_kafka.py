@@ -305,3 +305,22 @@ def test_registry_killed_mid_run_and_restarted_loses_nothing(kafka_bootstrap: st
     for record in before + after:
         assert got[str(record["id"]).encode()] == {**record, "embedding": expected_embedding(record["text"])}
     assert committed_offsets(kafka_bootstrap, group, topic_in) == {0: 600}
+
+
+def test_avro_in_json_out_with_keys_from_a_field(kafka_bootstrap: str, schema_registry_url: str) -> None:
+    topic_in, topic_out, dlq = _topics(kafka_bootstrap, partitions=1)
+    client = SchemaRegistryClient({"url": schema_registry_url, "timeout": 10})
+    serializer = AvroSerializer(client, json.dumps(REVIEW_V2), conf={"subject.name.strategy.type": "TOPIC"})
+    inputs = [{"id": i, "text": _text(i), "lang": None if i % 2 else "en"} for i in range(50)]
+    produce(kafka_bootstrap, topic_in, [(None, v) for v in _serialize_all(serializer, topic_in, inputs)])
+    loaded = _pipeline(kafka_bootstrap, schema_registry_url, topic_in, topic_out, dlq, "avro")
+    doc = loaded.pipeline.model_dump(mode="json")
+    doc["sink"]["output"].update({"format": "json", "key": "field:id"})
+    doc["engine"] = {"type": "python", "function": "tests.schemas.funcs:embed"}  # no result schema needed
+    summary = _run(parse_pipeline(json.dumps(doc), base_dir=ROOT), 50)
+
+    assert summary.error is None and (summary.num_out, summary.num_dead_lettered) == (50, 0)
+    outputs = consume_all(kafka_bootstrap, topic_out, expected_count=50)
+    assert [(r.key, json.loads(r.value or b"")) for r in outputs] == [
+        (str(r["id"]).encode(), {**r, "embedding": expected_embedding(r["text"])}) for r in inputs]
+    assert f"{topic_out}-value" not in client.get_subjects()  # plain JSON: nothing registered
