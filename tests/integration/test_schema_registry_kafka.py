@@ -324,3 +324,30 @@ def test_avro_in_json_out_with_keys_from_a_field(kafka_bootstrap: str, schema_re
     assert [(r.key, json.loads(r.value or b"")) for r in outputs] == [
         (str(r["id"]).encode(), {**r, "embedding": expected_embedding(r["text"])}) for r in inputs]
     assert f"{topic_out}-value" not in client.get_subjects()  # plain JSON: nothing registered
+
+
+def test_a_user_given_output_schema_under_the_record_name_strategy(kafka_bootstrap: str, schema_registry_url: str,
+                                                                   tmp_path: Path) -> None:
+    topic_in, topic_out, dlq = _topics(kafka_bootstrap, partitions=1)
+    client = SchemaRegistryClient({"url": schema_registry_url, "timeout": 10})
+    serializer = AvroSerializer(client, json.dumps(REVIEW_V1), conf={"subject.name.strategy.type": "TOPIC"})
+    inputs = [{"id": i, "text": _text(i)} for i in range(40)]
+    produce(kafka_bootstrap, topic_in, [(None, v) for v in _serialize_all(serializer, topic_in, inputs)])
+    name = f"Enriched{unique_topic('r').replace('-', '_')}"  # a subject of this test's own
+    schema_file = tmp_path / "enriched.avsc"
+    schema_file.write_text(json.dumps({"type": "record", "name": name, "namespace": "sluice.tests", "fields": [
+        {"name": "id", "type": "long"}, {"name": "text", "type": "string"},
+        {"name": "embedding", "type": {"type": "array", "items": "double"}},
+        {"name": "note", "type": "string", "default": "none"}]}))
+    loaded = _pipeline(kafka_bootstrap, schema_registry_url, topic_in, topic_out, dlq, "avro")
+    doc = loaded.pipeline.model_dump(mode="json")
+    doc["sink"]["output"].update({"schema_file": str(schema_file), "subject_name_strategy": "record"})
+    summary = _run(parse_pipeline(json.dumps(doc), base_dir=ROOT), 40)
+
+    assert summary.error is None and (summary.num_out, summary.num_dead_lettered) == (40, 0)
+    registered = client.get_latest_version(f"sluice.tests.{name}")
+    outputs = consume_all(kafka_bootstrap, topic_out, expected_count=40)
+    assert {_schema_id(r.value or b"") for r in outputs} == {registered.schema_id}
+    reader = AvroDeserializer(client)
+    assert [reader(r.value, None) for r in outputs] == [
+        {**r, "embedding": expected_embedding(r["text"]), "note": "none"} for r in inputs]
