@@ -32,7 +32,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from collections.abc import Sequence  # noqa: E402
+from collections.abc import Callable, Sequence  # noqa: E402
+from typing import Any  # noqa: E402
 
 from common import RESULTS, ROOT, broker, output_rate, registry  # noqa: E402
 from confluent_kafka import Consumer, Producer  # noqa: E402
@@ -49,7 +50,9 @@ from sluice.telemetry import build_observer  # noqa: E402
 from tests.support.kafka import create_topic, produce, unique_topic  # noqa: E402
 
 
-def plain_loop(bootstrap: str, topic_in: str, topic_out: str, n: int) -> None:
+def plain_loop(bootstrap: str, topic_in: str, topic_out: str, n: int,
+               decode: Callable[[bytes], dict[str, Any]] = json.loads,
+               encode: Callable[[dict[str, Any]], bytes] = lambda doc: json.dumps(doc).encode()) -> None:
     """What most teams write first: poll, decode, call the model per record, encode, produce."""
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": unique_topic("plain"),
                          "auto.offset.reset": "earliest"})
@@ -61,13 +64,14 @@ def plain_loop(bootstrap: str, topic_in: str, topic_out: str, n: int) -> None:
         for m in consumer.consume(500, 0.05):
             if m.error() is not None:
                 continue
-            doc = json.loads(m.value())
+            doc = decode(m.value())
             doc["result"] = doc["text"]  # the no-op model
+            value = encode(doc)
             while True:
                 try:
-                    producer.produce(topic_out, json.dumps(doc).encode(), key=m.key())
+                    producer.produce(topic_out, value, key=m.key())
                     break
-                except BufferError:
+                except BufferError:  # local queue full: serve delivery reports, then try again
                     producer.poll(0.05)
             done += 1
         producer.poll(0)
@@ -88,29 +92,8 @@ def plain_avro_loop(bootstrap: str, registry_url: str, topic_in: str, topic_out:
     deserialize = AvroDeserializer(client, conf={"subject.name.strategy": no_subject})
     serialize = AvroSerializer(client, json.dumps(REVIEW_OUT), conf={"subject.name.strategy.type": "TOPIC"})
     ctx = SerializationContext(topic_out, MessageField.VALUE)
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": unique_topic("plain-avro"),
-                         "auto.offset.reset": "earliest"})
-    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all",
-                         "linger.ms": 5, "queue.buffering.max.messages": 500_000})
-    consumer.subscribe([topic_in])
-    done = 0
-    while done < n:
-        for m in consumer.consume(500, 0.05):
-            if m.error() is not None:
-                continue
-            doc = deserialize(m.value(), None)
-            doc["result"] = doc["text"]  # the no-op model
-            value = serialize(doc, ctx)
-            while True:
-                try:
-                    producer.produce(topic_out, value, key=m.key())
-                    break
-                except BufferError:
-                    producer.poll(0.05)
-            done += 1
-        producer.poll(0)
-    producer.flush(60)
-    consumer.close()
+    plain_loop(bootstrap, topic_in, topic_out, n, decode=lambda value: deserialize(value, None),
+               encode=lambda doc: serialize(doc, ctx))
     client.close()
 
 

@@ -122,19 +122,26 @@ class StallingDecoder:
         """Decoded and rejected records; those of stalled partitions are held (in neither list)."""
         decoded: list[Decoded] = []
         rejected: list[Rejected] = []
-        decode, stalls = self.codec.decode, self.stalls
+        stalls = self.stalls
         for r in records:
             if r.tp in stalls:
                 stalls.append(r.tp, r)
                 continue
-            try:
-                document, value = decode(r.value)
-                decoded.append((r, document, value))
-            except CodecError as err:
-                rejected.append((r, err.stage, err))
-            except RegistryUnavailable as err:
-                self._stall(r.tp, [r], now_s, str(err))
+            unavailable = self._decode_one(r, decoded, rejected)
+            if unavailable is not None:
+                self._stall(r.tp, [r], now_s, unavailable)
         return decoded, rejected
+
+    def _decode_one(self, r: InputRecord, decoded: list[Decoded], rejected: list[Rejected]) -> str | None:
+        """Decode ``r`` into ``decoded`` or ``rejected``; or return why the registry could not help."""
+        try:
+            document, value = self.codec.decode(r.value)
+            decoded.append((r, document, value))
+        except CodecError as err:
+            rejected.append((r, err.stage, err))
+        except RegistryUnavailable as err:
+            return str(err)
+        return None
 
     def retry(self, now_s: float) -> tuple[list[Decoded], list[Rejected], list[TopicPartition]]:
         """Decode the held records of the partitions due for a retry; resume those that went through.
@@ -142,17 +149,13 @@ class StallingDecoder:
         decoded: list[Decoded] = []
         rejected: list[Rejected] = []
         resumed: list[TopicPartition] = []
-        decode, stalls = self.codec.decode, self.stalls
+        stalls = self.stalls
         for tp in stalls.due(now_s):
             held = stalls.take(tp)
             for i, r in enumerate(held):
-                try:
-                    document, value = decode(r.value)
-                    decoded.append((r, document, value))
-                except CodecError as err:
-                    rejected.append((r, err.stage, err))
-                except RegistryUnavailable as err:
-                    self._stall(tp, held[i:], now_s, str(err))
+                unavailable = self._decode_one(r, decoded, rejected)
+                if unavailable is not None:
+                    self._stall(tp, held[i:], now_s, unavailable)
                     break
             else:
                 stalled_s = stalls.release(tp, now_s)

@@ -57,15 +57,10 @@ def client_config(cfg: SchemaRegistry) -> dict[str, Any]:
     }
     if cfg.basic_auth is not None:
         conf["basic.auth.user.info"] = f"{cfg.basic_auth.username}:{cfg.basic_auth.password.get_secret_value()}"
-    tls = cfg.tls
-    if tls is not None:
-        for key, value in (("ssl.ca.location", tls.ca_location),
-                           ("ssl.certificate.location", tls.certificate_location),
-                           ("ssl.key.location", tls.key_location)):
-            if value is not None:
-                conf[key] = value
-        if tls.key_password is not None:
-            conf["ssl.key.password"] = tls.key_password.get_secret_value()
+    if cfg.tls is not None:
+        from sluice.connectors.kafka import tls_files
+
+        conf.update(tls_files(cfg.tls))
     return conf
 
 
