@@ -12,6 +12,8 @@
 set -euo pipefail
 
 SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=../watchdog.sh
+source "$SCRIPT_DIR/../watchdog.sh"
 LIB_DIR="$SCRIPT_DIR/lib"
 VERSION="${SLUICE_REGISTRY_VERSION:-3.3.3}"
 HELP_TEXT="usage: registry.sh COMMAND [options]
@@ -111,10 +113,6 @@ registry_pid() {
     echo "$pid"
 }
 
-# True while PID runs (a zombie no longer counts).
-alive() { [[ -r "/proc/$1/stat" && "$(cut -d' ' -f3 "/proc/$1/stat" 2>/dev/null)" != Z ]]; }
-
-port_in_use() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
 answers() {  # answers URL : GET URL/subjects is 200
     if command -v curl >/dev/null 2>&1; then
@@ -203,33 +201,19 @@ cmd_start() {
     launch
     wait_ready
     if [[ -n "$WATCH_PID" ]]; then
-        setsid bash "$SCRIPT_DIR/registry.sh" _watch "$WATCH_PID" --dir "$RUN_DIR" \
-            </dev/null >>"$RUN_DIR/watchdog.log" 2>&1 &
-        echo $! >"$RUN_DIR/watchdog.pid"
+        start_watchdog "$SCRIPT_DIR/registry.sh" "$WATCH_PID"
     fi
     echo "$URL"
 }
 
-watchdog_pid() {
-    local pid
-    pid="$(cat "$RUN_DIR/watchdog.pid" 2>/dev/null)" || return 1
-    [[ "$pid" =~ ^[0-9]+$ && -r "/proc/$pid/cmdline" ]] || return 1
-    tr '\0' ' ' <"/proc/$pid/cmdline" | grep -qF "registry.sh _watch" || return 1
-    echo "$pid"
-}
+stop_registry() { signal_and_wait TERM "$STOP_TIMEOUT_S"; }
 
-cmd_watch() {  # internal: registry.sh _watch PID --dir DIR
-    while kill -0 "$WATCHED" 2>/dev/null; do sleep 1; done
-    rm -f "$RUN_DIR/watchdog.pid"  # before stopping, so 'stop' does not signal this process
-    echo "registry.sh: watched process $WATCHED exited; stopping the registry in $RUN_DIR" >&2
-    signal_and_wait TERM "$STOP_TIMEOUT_S"
-}
+# The watchdog of --watch-pid: stops the registry once the watched process is gone.
+cmd_watch() { watch_then "$WATCHED" registry.sh stop_registry; }  # internal: registry.sh _watch PID --dir DIR
 
 cmd_stop() {
     [[ -f "$RUN_DIR/registry.env" ]] || { echo "registry.sh: no registry in $RUN_DIR; nothing to stop" >&2; return 0; }
-    local pid
-    if pid="$(watchdog_pid)"; then kill -TERM "$pid" 2>/dev/null || true; fi
-    rm -f "$RUN_DIR/watchdog.pid"
+    stop_watchdog registry.sh
     signal_and_wait TERM "$STOP_TIMEOUT_S"
 }
 
