@@ -185,7 +185,8 @@ class SchemaFormat(ABC):
         # reader, which also rejects a bad magic byte.
         header = value[:17] if value[:1] == b"\x01" else value[:5]
         writer = self._writers.get(header, _MISSING)
-        schema = None
+        schema_id: Any = None
+        schema = None  # set for the first record of a new schema id: its output is set up below
         if writer is _MISSING:
             schema_id = self._schema_id(value)
             writer = self._writers.get(schema_id, _MISSING)  # set up at start, or refused
@@ -193,8 +194,6 @@ class SchemaFormat(ABC):
                 schema = self._fetch(header, schema_id)
             else:
                 self._writers[header] = writer
-        else:
-            schema_id = None
         if isinstance(writer, _Refused):
             raise CodecError(writer.stage, writer.reason)
         try:
