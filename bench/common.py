@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -43,11 +44,13 @@ def registry(url: str | None = None) -> Iterator[str]:
     if url:
         yield url
         return
-    server = RegistryServer.start(Path(tempfile.mkdtemp(prefix="sluice-bench-registry-")))
+    run_dir = Path(tempfile.mkdtemp(prefix="sluice-bench-registry-"))
+    server = RegistryServer.start(run_dir)
     try:
         yield server.url
     finally:
         server.stop()
+        shutil.rmtree(run_dir, ignore_errors=True)
 
 
 def output_stamps(bootstrap: str, topic: str, n: int, timeout_s: float = 120) -> list[int]:
