@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -17,6 +18,7 @@ if str(ROOT) not in sys.path:
 from confluent_kafka import Consumer  # noqa: E402
 
 from tests.support.kafka import KafkaCluster, unique_topic  # noqa: E402
+from tests.support.registry import RegistryServer  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 
@@ -33,6 +35,22 @@ def broker(bootstrap: str | None = None) -> Iterator[str]:
         yield cluster.bootstrap
     finally:
         cluster.stop()
+
+
+@contextlib.contextmanager
+def registry(url: str | None = None) -> Iterator[str]:
+    """``url`` (or $SLUICE_SCHEMA_REGISTRY_URL) if given, else a Schema Registry (deploy/registry) in a temp dir."""
+    url = url or os.environ.get("SLUICE_SCHEMA_REGISTRY_URL")
+    if url:
+        yield url
+        return
+    run_dir = Path(tempfile.mkdtemp(prefix="sluice-bench-registry-"))
+    server = RegistryServer.start(run_dir)
+    try:
+        yield server.url
+    finally:
+        server.stop()
+        shutil.rmtree(run_dir, ignore_errors=True)
 
 
 def output_stamps(bootstrap: str, topic: str, n: int, timeout_s: float = 120) -> list[int]:

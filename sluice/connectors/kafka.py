@@ -27,7 +27,7 @@ from confluent_kafka import (
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource
 
-from sluice.config import KafkaSecurity
+from sluice.config import KafkaSecurity, RegistryTls, Tls
 from sluice.config import KafkaSink as KafkaSinkConfig
 from sluice.config import KafkaSource as KafkaSourceConfig
 from sluice.operator.io_errors import ProduceFailed, SourceFailed
@@ -288,13 +288,18 @@ def security_config(security: KafkaSecurity | None) -> dict[str, str]:
     if tls is not None:
         # "https": the broker's certificate must name the host it was reached at (librdkafka's default).
         conf["ssl.endpoint.identification.algorithm"] = "https" if tls.verify_hostname else "none"
-        for key, value in (("ssl.ca.location", tls.ca_location),
-                           ("ssl.certificate.location", tls.certificate_location),
-                           ("ssl.key.location", tls.key_location)):
-            if value is not None:
-                conf[key] = value
-        if tls.key_password is not None:
-            conf["ssl.key.password"] = tls.key_password.get_secret_value()
+        conf.update(tls_files(tls))
+    return conf
+
+
+def tls_files(tls: Tls | RegistryTls) -> dict[str, str]:
+    """The ``ssl.*`` file settings (and key password, revealed here) that librdkafka and confluent-kafka's
+    Schema Registry client both take under the same names."""
+    conf = {key: value for key, value in (("ssl.ca.location", tls.ca_location),
+                                          ("ssl.certificate.location", tls.certificate_location),
+                                          ("ssl.key.location", tls.key_location)) if value is not None}
+    if tls.key_password is not None:
+        conf["ssl.key.password"] = tls.key_password.get_secret_value()
     return conf
 
 

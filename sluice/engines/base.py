@@ -90,6 +90,15 @@ class BatchEngine(ABC):
     def infer(self, items: Sequence[Any]) -> list[Any]:
         """Run one batch; return one JSON-serialisable result per item, in order."""
 
+    def result_schema(self) -> dict[str, Any] | None:
+        """A JSON Schema that every result validates against, when the engine knows it (after ``start``).
+
+        Schema-registry outputs derive their schema from it (a float array for embeddings, a record for
+        labels, a string or the structured-output schema for an LLM). None: unknown (then the pipeline
+        gives ``sink.output.schema_file``).
+        """
+        return None
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release the model and device memory. Called once; no call follows."""
 
@@ -121,6 +130,15 @@ class ContinuousEngine(ABC):
     def item_length(self, item: Any) -> int:
         """Length of one prepared item (prompt tokens). Default 1."""
         return 1
+
+    def result_schema(self) -> dict[str, Any] | None:
+        """A JSON Schema that every result validates against, when the engine knows it (after ``start``).
+
+        Schema-registry outputs derive their schema from it (a float array for embeddings, a record for
+        labels, a string or the structured-output schema for an LLM). None: unknown (then the pipeline
+        gives ``sink.output.schema_file``).
+        """
+        return None
 
     @abstractmethod
     def room(self) -> int:

@@ -37,6 +37,9 @@ from sluice.engines.text_embedding import (
     mean_pool,
     pad_batch,
 )
+from sluice.engines.text_embedding import (
+    result_schema as embedding_result_schema,
+)
 
 _EMBEDDING_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 _TOKEN_OUTPUTS = ("last_hidden_state", "token_embeddings")  # (batch, tokens, dim): pooled here
@@ -130,6 +133,9 @@ class OnnxEngine(BatchEngine):
 
     def close(self) -> None:
         self._session = None
+
+    def result_schema(self) -> dict[str, Any] | None:
+        return embedding_result_schema(self.options.output_format) if self._embedding is not None else None
 
     # -------------------------------------------------------------------------------- per record
 

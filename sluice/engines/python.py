@@ -24,6 +24,8 @@ from sluice.engines.registry import EngineType
 class PythonOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     function: str = Field(description="package.module:function taking a list and returning a list")
+    # JSON Schema of one result, for schema-registry outputs (avro, json_schema) to derive theirs from
+    result_schema: dict[str, Any] | None = None
 
     @field_validator("function")
     @classmethod
@@ -54,6 +56,9 @@ class PythonEngine(BatchEngine):
         if not callable(fn):
             raise EngineStartError(f"engine.function: module '{module_name}' has no function '{attr}'")
         self._fn = fn
+
+    def result_schema(self) -> dict[str, Any] | None:
+        return self.options.result_schema
 
     def infer(self, items: Sequence[Any]) -> list[Any]:
         assert self._fn is not None, "start() must be called before infer()"

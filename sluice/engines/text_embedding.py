@@ -139,6 +139,13 @@ def format_vectors(vectors: np.ndarray, output_format: OutputFormat) -> list[Any
     raise ValueError(f"unknown output format {output_format!r}; expected 'list' or 'base64'")
 
 
+def result_schema(output_format: OutputFormat) -> dict[str, Any]:
+    """JSON Schema of one result of :func:`format_vectors` (``format: float``: 32-bit values)."""
+    if output_format == "list":
+        return {"type": "array", "items": {"type": "number", "format": "float"}}
+    return {"type": "string", "contentEncoding": "base64"}
+
+
 def decode_base64_vector(text: str) -> np.ndarray:
     """Inverse of the ``base64`` output format: (dim,) float32."""
     return np.frombuffer(base64.b64decode(text), dtype="<f4").astype(np.float32)

@@ -46,6 +46,9 @@ from sluice.engines.text_embedding import (
     load_task,
     pad_batch,
 )
+from sluice.engines.text_embedding import (
+    result_schema as embedding_result_schema,
+)
 
 _NUMPY_TYPES = {"float32": np.float32, "int64": np.int64, "int32": np.int32, "bool": np.bool_}
 
@@ -129,6 +132,9 @@ class TorchEngine(BatchEngine):
         self._staging = torch_device.HostStaging(torch, self.device)
         if self.options.warmup:
             self._warm_up()
+
+    def result_schema(self) -> dict[str, Any] | None:
+        return embedding_result_schema(self.options.output_format) if self._embedding is not None else None
 
     def close(self) -> None:
         self._module = None

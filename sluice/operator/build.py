@@ -14,6 +14,7 @@ from sluice.operator.instance import InstanceSlot, NoFreeSlot, claim_slot
 from sluice.operator.observer import Observer
 from sluice.operator.runner import Runner
 from sluice.operator.topics import TopicProblem, check_topics
+from sluice.schemas.codec import RecordCodec
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +76,12 @@ def build_runner(loaded: LoadedPipeline, *, observer: Observer | None = None,
         observer.stopped()
         raise
     observer.engine_started(engine, time.monotonic() - started_s)
+    try:
+        codec = build_codec(loaded, engine)
+    except StartError:
+        engine.close()
+        observer.stopped()
+        raise
     exactly_once = p.delivery == "exactly_once"
     slot: InstanceSlot | None = None
     try:
@@ -97,7 +104,22 @@ def build_runner(loaded: LoadedPipeline, *, observer: Observer | None = None,
             raise StartError(f"exactly-once: {err}") from None
         raise StartError(f"kafka client configuration: {err.args[0].str()}") from None
     on_close = (slot.release,) if slot is not None else ()
-    return Runner(loaded, source, sink, engine, observer=observer, on_close=on_close, **limits), engine
+    return Runner(loaded, source, sink, engine, observer=observer, on_close=on_close, codec=codec,
+                  **limits), engine
+
+
+def build_codec(loaded: LoadedPipeline, engine: BatchEngine | ContinuousEngine) -> RecordCodec:
+    """The record codec; for avro, protobuf and json_schema, with its schema registry format set up (output
+    schemas derived from the engine's result schema and registered). Raises StartError."""
+    from sluice.schemas.formats import build_schema_format
+    from sluice.schemas.schema_format import SchemaSetupError
+
+    p = loaded.pipeline
+    try:
+        schemas = build_schema_format(p, engine.result_schema(), loaded.base_dir)
+    except SchemaSetupError as err:
+        raise StartError(f"schema registry: {err}") from None
+    return RecordCodec(p.codec, p.sink.output, schemas)
 
 
 def _build_observer(loaded: LoadedPipeline) -> Observer:

@@ -38,6 +38,13 @@ class Observer:
     def rejected(self, failures: Sequence[tuple[InputRecord, str, BaseException | None]]) -> None:
         """Either thread: records that go to the dead-letter topic (or stop the operator): (record, stage, error)."""
 
+    def stalled(self, tp: TopicPartition, reason: str, retry_in_s: float, first: bool) -> None:
+        """Main thread: ``tp`` is paused because its next record waits for the schema registry (``first``: it
+        just stalled; else a retry failed). Its records are retried in ``retry_in_s``."""
+
+    def unstalled(self, tp: TopicPartition, stalled_s: float) -> None:
+        """Main thread: ``tp``'s stall ended after ``stalled_s`` (its records went through, or it was revoked)."""
+
     def batch_started(self, batch: Sequence[Pending], now_s: float) -> Any:
         """Engine thread: a batch leaves the batcher for the engine. The return value comes back below."""
         return None

@@ -42,9 +42,10 @@ from sluice.operator.observer import Observer
 from sluice.operator.offsets import OffsetTracker
 from sluice.operator.record import InputRecord, Pending, TopicPartition
 from sluice.operator.release import ReleaseGate
+from sluice.operator.stalls import StallingDecoder, Stalls
 from sluice.operator.transactions import TransactionFailed, Transactions
 from sluice.operator.worker import EngineWorker, SharedState
-from sluice.schemas.codec import CodecError, RecordCodec
+from sluice.schemas.codec import RecordCodec
 
 log = logging.getLogger(__name__)
 
@@ -89,13 +90,14 @@ class Runner:
     def __init__(self, loaded: LoadedPipeline, source: Source, sink: Sink, engine: BatchEngine | ContinuousEngine, *,
                  max_records: int | None = None, idle_exit_s: float | None = None,
                  clock: Callable[[], float] = time.monotonic, observer: Observer | None = None,
-                 on_close: Sequence[Callable[[], None]] = ()) -> None:
+                 on_close: Sequence[Callable[[], None]] = (), codec: RecordCodec | None = None) -> None:
         """``on_close``: called once the run has ended and the source is closed (releases what the builder
-        claimed for this run, such as an instance slot)."""
+        claimed for this run, such as an instance slot). ``codec``: the builder's (with its schema registry
+        format); by default one for JSON / raw records."""
         p = loaded.pipeline
         self.pipeline = p
         self.source, self.sink, self.engine = source, sink, engine
-        self.codec = RecordCodec(p.codec, p.sink.output)
+        self.codec = codec or RecordCodec(p.codec, p.sink.output)
         self.max_records, self.idle_exit_s, self.clock = max_records, idle_exit_s, clock
         b = p.batching
         policy = b.policy()
@@ -105,6 +107,9 @@ class Runner:
         self._measure = policy.bucket_by_length or policy.max_batch_tokens is not None  # need item lengths?
         self.observer = observer or Observer()
         self.summary = RunSummary()
+        registry = p.codec.schema_registry
+        stalls = Stalls(max_stall_s=registry.max_outage_s) if registry is not None else Stalls()
+        self.decoder = StallingDecoder(self.codec, stalls, source.pause, source.resume, self.observer)
         self.emitter = Emitter(p, sink, self.codec, self.state, self.observer, self.summary, clock)
         self.worker: EngineWorker | ContinuousWorker
         if isinstance(engine, ContinuousEngine):
@@ -153,6 +158,8 @@ class Runner:
                 if records:
                     self._intake(records, now)
                     last_record = now
+                if self.decoder.stalls:
+                    self._retry_stalled(now)
                 elif not self.source.assignment:
                     last_record = now  # idle time counts only while partitions are assigned
                 self.sink.poll(0)
@@ -198,15 +205,25 @@ class Runner:
         self.summary.num_in += len(records)
         rejected: list[tuple[InputRecord, str, BaseException | None]] = []
         records = self._observe_polled(records, now, rejected)
-        decoded: list[tuple[InputRecord, Any, Any]] = []
-        decode = self.codec.decode
-        for r in records:
-            try:
-                document, value = decode(r.value)
-            except Exception as err:  # CodecError, or whatever else one record makes the decoder raise
-                rejected.append((r, err.stage if isinstance(err, CodecError) else "decode", err))
-            else:
-                decoded.append((r, document, value))
+        decoded, decode_rejected = self.decoder.decode(records, now)
+        rejected.extend(decode_rejected)
+        self._admit(decoded, rejected, now)
+
+    def _retry_stalled(self, now: float) -> None:
+        """Partitions waiting for the schema registry: retry those due, stop past the outage limit."""
+        decoded, rejected, resumed = self.decoder.retry(now)
+        if decoded or rejected:
+            self._admit(decoded, rejected, now)
+        if resumed:
+            self._restarted_s = now  # their later records come now: idle time starts over
+        expired = self.decoder.expired(now)
+        if expired is not None:
+            self.emitter.fatal = expired
+
+    def _admit(self, decoded: list[tuple[InputRecord, Any, Any]],
+               rejected: list[tuple[InputRecord, str, BaseException | None]], now: float) -> None:
+        """Decoded records to the batcher (after ``prepare``), rejected ones to the dead-letter topic."""
+        s = self.state
         accepted = self._prepare(decoded, rejected)
         with s.cond:
             s.batcher.add_many(accepted, now)
@@ -281,6 +298,8 @@ class Runner:
         for tp in source.assignment:
             num = tracker.num_in_flight_of(tp)
             if tp in paused:
+                if tp in self.decoder.stalls:
+                    continue  # waits for the schema registry, not for room
                 if not over_total and num <= share // 2 and total <= self._resume_below:
                     to_resume.append(tp)
             elif over_total or num >= share:
@@ -306,6 +325,7 @@ class Runner:
         """
         log.info("revoking %s", _names(tps))
         revoked = set(tps)
+        self.decoder.forget(tps)  # held records stay uncommitted: the next owner processes them
         s = self.state
         with s.cond:
             s.batcher.remove(lambda p: p.record.tp in revoked)
@@ -359,6 +379,7 @@ class Runner:
     def _forget_all(self) -> None:
         """Drop every queued record and all offset bookkeeping (before rewinding the consumer)."""
         self._restarted_s = self.clock()
+        self.source.resume(self.decoder.forget(self.decoder.stalls.partitions()))  # rewound: read them again
         with self.state.cond:
             self.state.batcher.remove(lambda p: True)
             self.state.tracker.forget_all()
@@ -370,6 +391,7 @@ class Runner:
     def _on_lost(self, tps: list[TopicPartition]) -> None:
         log.warning("lost %s (another member owns them now); nothing of theirs will be committed", _names(tps))
         lost = set(tps)
+        self.decoder.forget(tps)
         with self.state.cond:
             self.state.batcher.remove(lambda p: p.record.tp in lost)
             for tp in tps:

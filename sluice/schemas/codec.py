@@ -7,18 +7,25 @@ any other exception raised here: sluice/operator/containment.py).
 Decoding is bounded before any recursive work: a value larger than ``codec.max_record_bytes`` is refused
 unread, and a JSON value nested deeper than ``codec.max_depth`` is refused after a linear, non-recursive
 scan (sluice/schemas/depth.py) -- a decoder recurses once per level, and 100,000 levels make it raise.
+
+JSON and raw records are handled here. The Schema Registry formats (avro, protobuf, json_schema) are one
+module each behind :class:`~sluice.schemas.schema_format.SchemaFormat`, given as ``schemas``; their decode
+may also raise :class:`~sluice.schemas.registry.RegistryUnavailable`, which is not the record's fault.
 """
 
 from __future__ import annotations
 
 import base64
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from sluice.config import Codec, Output
 from sluice.schemas.depth import may_exceed, nesting_depth
+
+if TYPE_CHECKING:
+    from sluice.schemas.schema_format import SchemaFormat
 
 
 class CodecError(Exception):
@@ -60,6 +67,7 @@ class RecordCodec:
 
     codec: Codec
     output: Output
+    schemas: SchemaFormat | None = None  # avro, protobuf, json_schema (sluice/schemas/formats.py builds it)
 
     def __post_init__(self) -> None:
         field = self.codec.input_field
@@ -75,6 +83,8 @@ class RecordCodec:
         if len(value) > codec.max_record_bytes:
             raise CodecError("decode", f"the value is {len(value)} bytes; codec.max_record_bytes allows "
                                        f"{codec.max_record_bytes}")
+        if self.schemas is not None:  # avro, protobuf, json_schema: their schema bounds the nesting
+            return self.schemas.decode(value)
         if codec.format == "raw":
             try:
                 text = value.decode("utf-8")
@@ -101,6 +111,10 @@ class RecordCodec:
 
     def encode(self, document: Any, result: Any) -> bytes:
         """The output value for one record. Raises CodecError('encode', ...)."""
+        if self.schemas is not None:
+            if not self.schemas.writes_json:
+                return self.schemas.encode(document, result)
+            document = self.schemas.as_dict(document.record)
         if self.output.mode == "merge" and isinstance(document, dict):
             out = dict(document)
             out[self.output.field] = result
@@ -119,6 +133,8 @@ class RecordCodec:
             return input_key
         if self.output.key == "none":
             return None
+        if self.schemas is not None:
+            document = self.schemas.as_dict(document.record)
         try:
             value = _get_path(document, self._key_path)  # type: ignore[attr-defined]
         except KeyError:

@@ -84,6 +84,12 @@ class OperatorCollector(Collector):
         yield lag
         yield _gauge("sluice_assigned_partitions", "Partitions assigned to this process", labels, values,
                      s.num_assigned)
+        yield _gauge("sluice_stalled_partitions", "Partitions paused because their next record waits for the "
+                     "schema registry (down, slow or refusing the credentials)", labels, values, s.num_stalled)
+        yield _counter("sluice_registry_stalls", "Partitions that stalled waiting for the schema registry", labels,
+                       values, s.num_stalls)
+        yield _counter("sluice_registry_stall_retries", "Retries of stalled records that found the schema registry "
+                       "still unavailable", labels, values, s.num_stall_retries)
         if s.warmup_s is not None:
             yield _gauge("sluice_engine_warmup_seconds", "Engine start: model load and warm-up", labels, values,
                          s.warmup_s)

@@ -125,6 +125,12 @@ class TelemetryObserver(Observer):
         if self.tracer is not None:
             self.tracer.rejected([r for r, _, _ in failures], stages)
 
+    def stalled(self, tp: TopicPartition, reason: str, retry_in_s: float, first: bool) -> None:
+        self.stats.record_stall(tp, first)
+
+    def unstalled(self, tp: TopicPartition, stalled_s: float) -> None:
+        self.stats.record_unstall(tp)
+
     def batch_started(self, batch: Sequence[Pending], now_s: float) -> Any:
         if self.counting:
             received = np.fromiter((p.record.received_s for p in batch), dtype=np.float64, count=len(batch))

@@ -33,6 +33,9 @@ class StatsSnapshot:
     lag: dict[TopicPartition, int]  # consumer lag per assigned partition (as of the last tick)
     warmup_s: float | None  # engine start (load + warm-up) time
     num_assigned: int  # partitions assigned now
+    num_stalled: int = 0  # partitions paused now because their next record waits for the schema registry
+    num_stalls: int = 0  # stalls begun since start
+    num_stall_retries: int = 0  # retries of stalled partitions' records that failed again
 
     @property
     def total_dead_lettered(self) -> int:
@@ -54,6 +57,8 @@ class OperatorStats:
         self._dead_lettered: Counter[str] = Counter()
         self._lag: dict[TopicPartition, int] = {}
         self._assigned: set[TopicPartition] = set()
+        self._stalled: set[TopicPartition] = set()
+        self._num_stalls = self._num_stall_retries = 0
         self.warmup_s: float | None = None
 
     def record_polled(self, num_records: int) -> None:
@@ -92,6 +97,18 @@ class OperatorStats:
             for tp in removed:
                 self._lag.pop(tp, None)
 
+    def record_stall(self, tp: TopicPartition, first: bool) -> None:
+        with self._lock:
+            self._stalled.add(tp)
+            if first:
+                self._num_stalls += 1
+            else:
+                self._num_stall_retries += 1
+
+    def record_unstall(self, tp: TopicPartition) -> None:
+        with self._lock:
+            self._stalled.discard(tp)
+
     @property
     def num_assigned(self) -> int:
         with self._lock:
@@ -101,8 +118,10 @@ class OperatorStats:
         with self._lock:
             scalars = (self._num_in, self._num_out, dict(self._dead_lettered), self._num_batches,
                        self._num_in_flight, dict(self._lag), len(self._assigned))
+            stalls = (len(self._stalled), self._num_stalls, self._num_stall_retries)
         num_in, num_out, dead, num_batches, in_flight, lag, num_assigned = scalars
         return StatsSnapshot(num_in=num_in, num_out=num_out, num_dead_lettered=dead, num_batches=num_batches,
                              batch_size=self.batch_size.snapshot(), queue_delay_s=self.queue_delay_s.snapshot(),
                              infer_s=self.infer_s.snapshot(), latency_s=self.latency_s.snapshot(),
-                             num_in_flight=in_flight, lag=lag, warmup_s=self.warmup_s, num_assigned=num_assigned)
+                             num_in_flight=in_flight, lag=lag, warmup_s=self.warmup_s, num_assigned=num_assigned,
+                             num_stalled=stalls[0], num_stalls=stalls[1], num_stall_retries=stalls[2])

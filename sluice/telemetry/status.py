@@ -31,6 +31,7 @@ class StatusWindow:
     lag: int | None  # total consumer lag over assigned partitions; None before the first statistics
     num_in_flight: int
     num_dead_lettered: int  # since start
+    num_stalled: int = 0  # partitions waiting for the schema registry now
 
 
 def window(earlier: StatsSnapshot, now: StatsSnapshot, elapsed_s: float) -> StatusWindow:
@@ -46,6 +47,7 @@ def window(earlier: StatsSnapshot, now: StatsSnapshot, elapsed_s: float) -> Stat
         lag=sum(now.lag.values()) if now.lag else None,
         num_in_flight=now.num_in_flight,
         num_dead_lettered=now.total_dead_lettered,
+        num_stalled=now.num_stalled,
     )
 
 
@@ -55,7 +57,8 @@ def format_status(w: StatusWindow) -> str:
     delay = "-" if math.isnan(w.p99_queue_delay_s) else f"{w.p99_queue_delay_s * 1000:.1f} ms"
     lag = "-" if w.lag is None else f"{w.lag:,}"
     return (f"{w.records_per_s:,.0f} rec/s | batch {batch} | p99 queue {delay} | lag {lag} | "
-            f"in flight {w.num_in_flight:,} | dead-lettered {w.num_dead_lettered:,}")
+            f"in flight {w.num_in_flight:,} | dead-lettered {w.num_dead_lettered:,}"
+            + (f" | {w.num_stalled} partitions wait for the schema registry" if w.num_stalled else ""))
 
 
 class StatusReporter:
