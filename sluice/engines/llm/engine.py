@@ -42,7 +42,7 @@ from sluice.engines.llm.model_runner import ModelRunner, SampledToken
 from sluice.engines.llm.request import Request, RequestStatus, SamplingParams
 from sluice.engines.llm.scheduler import Scheduler
 from sluice.engines.llm.speculation import Drafter
-from sluice.engines.llm.structured.backend import BACKENDS, GrammarBackend, backend_class
+from sluice.engines.llm.structured.backend import BACKENDS, BackendFactory, GrammarBackend, backend_class
 from sluice.engines.llm.structured.compiler import GrammarCompiler
 from sluice.engines.llm.structured.manager import StructuredOutputManager, StructuredStats
 from sluice.engines.llm.structured.token_table import token_table
@@ -123,13 +123,14 @@ class LLM:
 
     ``options`` are the fields of :class:`EngineConfig` (``max_num_seqs``, ``max_num_batched_tokens``,
     ``block_size``, ``enable_prefix_caching``, ``kv_cache_memory_bytes``, ``dtype``, ``device``,
-    ``max_model_len``, ...); an unknown option is a TypeError. ``structured_output_backend`` names the
-    grammar library for constrained requests (``llguidance``, or ``xgrammar``), loaded at the first one.
+    ``max_model_len``, ...); an unknown option is a TypeError. ``structured_output_backend`` is the
+    grammar library for constrained requests: a name (``llguidance``, ``xgrammar``) or a factory taking
+    the model's :class:`~sluice.engines.llm.structured.backend.TokenTable`; it is built at the first one.
     """
 
-    def __init__(self, model: str | Path, *, structured_output_backend: str = "llguidance",
+    def __init__(self, model: str | Path, *, structured_output_backend: str | BackendFactory = "llguidance",
                  **options: object) -> None:
-        if structured_output_backend not in BACKENDS:
+        if isinstance(structured_output_backend, str) and structured_output_backend not in BACKENDS:
             raise ValueError(f"unknown structured_output_backend {structured_output_backend!r}; choose one of "
                              f"{', '.join(BACKENDS)}")
         self.config = EngineConfig(**options)  # type: ignore[arg-type]
@@ -155,7 +156,7 @@ class LLM:
         del reader
         self.kv = KVCacheManager(self.runner.num_blocks, self.config.block_size, self.config.enable_prefix_caching)
         c = self.config
-        self._grammar_backend_name = structured_output_backend
+        self._grammar_backend = structured_output_backend
         self.structured = StructuredOutputManager(GrammarCompiler(self._make_grammar_backend),
                                                   pin_memory=self.runner.device.type == "cuda")
         self.drafter = (
@@ -377,7 +378,8 @@ class LLM:
         """The grammar backend over this model's tokens (runs on the compile thread, once)."""
         tokenizer = self._require_tokenizer("structured output")
         table = token_table(tokenizer.tokenizer, self.model_config.vocab_size, self.model_config.eos_token_ids)
-        backend: GrammarBackend = backend_class(self._grammar_backend_name)(table)
+        make = self._grammar_backend
+        backend: GrammarBackend = (backend_class(make) if isinstance(make, str) else make)(table)
         return backend
 
     def _require_tokenizer(self, what: str) -> ChatTokenizer:

@@ -78,6 +78,7 @@ class GrammarMatcher(Protocol):
 
 # (matcher, first bitmask row, drafts): rows first_row .. first_row + len(drafts) get the masks after
 # consuming drafts[:0], drafts[:1], ... drafts[:len(drafts)]; the matcher's state is unchanged afterwards.
+# The drafts must be ones the grammar allows (``GrammarMatcher.validate``): the Drafter checks them.
 BitmaskRow = tuple[GrammarMatcher, int, Sequence[int]]
 
 
@@ -88,8 +89,9 @@ class GrammarBackend(Protocol):
     bitmask_words: int  # int32 words per bitmask row: ceil(vocab / 32) of the backend's vocabulary
 
     @staticmethod
-    def check(spec: StructuredOutput) -> None:
-        """Raise :class:`GrammarError` if ``spec`` cannot compile (no tokenizer needed)."""
+    def check(spec: StructuredOutput) -> list[str]:
+        """Raise :class:`GrammarError` if ``spec`` cannot compile (no tokenizer needed); else return
+        warnings: parts of it the backend will not enforce (unimplemented JSON Schema keywords, say)."""
         ...
 
     def compile(self, spec: StructuredOutput) -> Any:

@@ -7,11 +7,15 @@ here is a matcher at the start state; each request gets a deep copy of it (micro
 
 JSON answers: whitespace between JSON tokens is allowed but bounded (``_JSON_WHITESPACE``), so a small
 model cannot loop on newlines until ``max_tokens``; a schema's own ``x-guidance`` options override this.
+Keywords llguidance does not implement (``uniqueItems``, say) are not enforced, and reported as warnings
+by :meth:`LLGuidanceBackend.check` and at compile time (the ``llm`` pipeline still validates every answer
+against the whole schema).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -20,6 +24,8 @@ import torch
 
 from sluice.engines.llm.structured.backend import BitmaskRow, GrammarError, TokenTable
 from sluice.engines.llm.structured.spec import StructuredOutput
+
+log = logging.getLogger(__name__)
 
 # At most 12 whitespace characters at each point a JSON text allows them: enough for a newline and a few
 # levels of indentation, too few for a runaway.
@@ -31,7 +37,7 @@ def grammar_text(spec: StructuredOutput) -> str:
     try:
         if spec.kind == "json_schema":
             return str(llguidance.LLMatcher.grammar_from_json_schema(
-                spec.text, defaults={"whitespace_pattern": _JSON_WHITESPACE}))
+                spec.text, defaults={"whitespace_pattern": _JSON_WHITESPACE, "lenient": True}))
         if spec.kind == "regex":
             return str(llguidance.LLMatcher.grammar_from_regex(spec.text))
         if spec.kind == "choice":
@@ -56,15 +62,18 @@ class LLGuidanceBackend:
         self._executor = llguidance.LLExecutor(num_threads)
 
     @staticmethod
-    def check(spec: StructuredOutput) -> None:
+    def check(spec: StructuredOutput) -> list[str]:
         is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar_text(spec))
         if is_error:
             raise GrammarError(_clean(messages[0] if messages else "invalid grammar"))
+        return [_clean(m) for m in messages]
 
     def compile(self, spec: StructuredOutput) -> Any:
         matcher = llguidance.LLMatcher(self.tokenizer, grammar_text(spec), log_level=0)
         if matcher.is_error():
             raise GrammarError(_clean(matcher.get_error()))
+        for warning in matcher.get_grammar_warnings():
+            log.warning("structured output: %s is not enforced while generating (%s)", spec.kind, _clean(warning))
         return matcher
 
     def matcher(self, compiled: Any) -> LLGuidanceMatcher:

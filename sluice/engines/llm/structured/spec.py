@@ -57,7 +57,7 @@ class StructuredOutput:
 
     @property
     def text(self) -> str:
-        """The constraint as text: canonical JSON for a schema (sorted keys) or a choice list, else as given."""
+        """The constraint as text: compact JSON for a schema (key order kept) or a choice list, else as given."""
         return self._text
 
     @property
@@ -83,7 +83,8 @@ def _canonical(kind: str, value: Any) -> str:
         if not isinstance(value, (dict, bool)):
             raise ValueError(f"json_schema must be a mapping (or true/false), got {type(value).__name__}")
         try:
-            return json.dumps(value, sort_keys=True, ensure_ascii=False, allow_nan=False)
+            # Key order kept: grammar backends generate an object's properties in the schema's order.
+            return json.dumps(value, ensure_ascii=False, allow_nan=False)
         except (TypeError, ValueError) as err:
             raise ValueError(f"json_schema must hold only JSON values: {err}") from None
     if kind == "choice":
