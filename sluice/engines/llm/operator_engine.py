@@ -97,13 +97,22 @@ class LLMOptions(BaseModel):
 
     @property
     def parse_mode(self) -> Literal["none", "json"]:
-        """``parse`` as given, else ``json`` when answers follow a JSON Schema, else ``none``."""
+        """``parse`` as given, else ``json`` when the pipeline's answers follow a JSON Schema, else ``none``."""
         if self.parse is not None:
             return self.parse
         schema = (self.structured_output is not None and self.structured_output.has_schema) or (
             "json_schema" in self.overrides
         )
         return "json" if schema else "none"
+
+    def parse_for(self, spec: Any) -> Literal["none", "json"]:
+        """How to read one answer: ``parse`` as given, else ``json`` exactly when its constraint is a schema
+        (a record's own choice or regex answer stays text)."""
+        if self.parse is not None:
+            return self.parse
+        if spec is not None:
+            return "json" if spec.kind == "json_schema" else "none"
+        return self.parse_mode
 
     @property
     def backend(self) -> str:
@@ -314,7 +323,7 @@ class LLMEngine(ContinuousEngine):
         if spec is not None and out.finish_reason == "length":
             return AnswerError(f"the answer reached max_tokens ({item.params.max_tokens}) before its {spec.kind} "
                                f"was complete; raise max_tokens; answer: {text[:500]!r}")
-        if self.options.parse_mode == "none":
+        if self.options.parse_for(spec) == "none":
             return text
         try:
             answer = json.loads(text if spec is not None else _strip_fence(text))

@@ -23,6 +23,7 @@ def _apply_bitmask_kernel(
     vocab,
     num_words,
     logits_row_stride,
+    logits_col_stride,
     BLOCK: tl.constexpr,
 ):
     i = tl.program_id(0)
@@ -32,17 +33,16 @@ def _apply_bitmask_kernel(
     words = tl.load(bitmask_ptr + i * num_words + cols // 32, mask=(cols < vocab) & (cols // 32 < num_words),
                     other=0)
     allowed = ((words >> (cols % 32)) & 1) != 0
-    tl.store(logits_ptr + row * logits_row_stride + cols, float("-inf"), mask=(cols < vocab) & ~allowed)
+    tl.store(logits_ptr + row * logits_row_stride + cols * logits_col_stride, float("-inf"),
+             mask=(cols < vocab) & ~allowed)
 
 
 def apply_token_bitmask_triton(logits: torch.Tensor, bitmask: torch.Tensor, rows: torch.Tensor) -> None:
-    """``logits`` (num_rows, vocab), rows contiguous; ``bitmask`` (num_masked_rows, num_words) int32 and
+    """``logits`` (num_rows, vocab), any strides; ``bitmask`` (num_masked_rows, num_words) int32 and
     ``rows`` (num_masked_rows,) int64 on the same device."""
-    if logits.stride(1) != 1:
-        raise ValueError("logits rows must be contiguous")
     bitmask = bitmask.contiguous()
     num_masked, num_words = bitmask.shape
     vocab = logits.shape[1]
     grid = (num_masked, triton.cdiv(vocab, _BLOCK))
     _apply_bitmask_kernel[grid](logits, bitmask, rows.to(torch.int64), vocab, num_words, logits.stride(0),
-                                BLOCK=_BLOCK)
+                                logits.stride(1), BLOCK=_BLOCK)
