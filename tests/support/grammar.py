@@ -1,17 +1,18 @@
-"""Helpers for structured-output tests: regexes built from known answers."""
+"""Helpers for structured-output tests: regexes built from known answers, read alike by llguidance (Rust
+``regex`` syntax) and xgrammar (ECMAScript-like)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
+_META = set("\\.+*?()|[]{}^$")
+_CLASS_META = set("\\[]^-&~")
+_CONTROL = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}
+
 
 def literal_regex(text: str) -> str:
-    """A regex (Rust syntax, as llguidance and xgrammar read it) matching exactly ``text``.
-
-    Every character but ASCII letters and digits is written as ``\\x{HEX}``, so nothing in ``text`` can
-    read as regex syntax.
-    """
-    return "".join(c if c.isascii() and c.isalnum() else f"\\x{{{ord(c):X}}}" for c in text)
+    """A regex matching exactly ``text``: meta characters escaped, newlines and tabs as ``\\n``, ``\\t``."""
+    return "".join(_CONTROL.get(c, "\\" + c if c in _META else c) for c in text)
 
 
 def excluding_regex(text: str, excluded: Iterable[str]) -> str:
@@ -23,5 +24,5 @@ def excluding_regex(text: str, excluded: Iterable[str]) -> str:
     banned = sorted(set(excluded))
     if set(text) & set(banned):
         raise ValueError("the excluded characters must not occur in the text")
-    body = "".join(f"\\x{{{ord(c):X}}}" for c in banned)
+    body = "".join(_CONTROL.get(c, "\\" + c if c in _CLASS_META else c) for c in banned)
     return f"[^{body}]{{{len(text)}}}"

@@ -60,8 +60,9 @@ def accepting(plain: Sequence[RequestOutput], seed: int) -> list[SamplingParams]
     return params
 
 
-def test_constraints_that_accept_the_greedy_answer_reproduce_it_in_a_mixed_batch(tiny: Path) -> None:
-    llm = LLM(tiny, kv_cache_memory_bytes=1 << 24)
+@pytest.mark.parametrize("backend", ["llguidance", "xgrammar"])
+def test_constraints_that_accept_the_greedy_answer_reproduce_it_in_a_mixed_batch(tiny: Path, backend: str) -> None:
+    llm = LLM(tiny, kv_cache_memory_bytes=1 << 24, structured_output_backend=backend)
     batch = prompts(12, seed=1)
     plain = llm.generate(batch, SamplingParams(max_tokens=MAX_TOKENS))
     params = accepting(plain, seed=2)
@@ -96,9 +97,11 @@ def test_the_mask_is_applied_where_the_greedy_token_is_not_allowed(tiny: Path) -
     assert banned not in got.text and len(got.token_ids) == 8 and got.finish_reason == "stop"
 
 
-def test_speculative_decoding_keeps_constrained_outputs(tiny: Path) -> None:
+@pytest.mark.parametrize("backend", ["llguidance", "xgrammar"])
+def test_speculative_decoding_keeps_constrained_outputs(tiny: Path, backend: str) -> None:
     batch = prompts(10, seed=4)
-    llm = LLM(tiny, kv_cache_memory_bytes=1 << 24, num_speculative_tokens=4, speculative_adaptive=False)
+    llm = LLM(tiny, kv_cache_memory_bytes=1 << 24, num_speculative_tokens=4, speculative_adaptive=False,
+              structured_output_backend=backend)
     drafter, llm.scheduler.drafter = llm.scheduler.drafter, None  # one model: a plain run first
     plain = llm.generate(batch, SamplingParams(max_tokens=MAX_TOKENS))
     params = accepting(plain, seed=5)

@@ -127,3 +127,22 @@ def test_a_record_with_an_unusable_constraint_is_its_own_error(engine: Any) -> N
         engine.prepare([{"text": "x", "schema": {"type": 5}}])
     with pytest.raises(RecordError, match="record's choice .field 'labels'.*list of strings"):
         engine.prepare([{"text": "x", "labels": "good"}])
+
+
+@pytest.mark.slow
+def test_structured_output_numbers_reach_the_metrics_endpoint(engine: Any) -> None:
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from sluice.telemetry.metrics import OperatorCollector, new_registry
+    from sluice.telemetry.stats import OperatorStats
+
+    run(engine, [{"text": "Great!"}, {"text": "Bad.", "labels": ["good", "bad"]}])
+    body = generate_latest(new_registry(OperatorCollector(OperatorStats(), "p", lambda: engine.stats))).decode()
+    samples = {s.name: s.value for f in text_string_to_metric_families(body) for s in f.samples}
+    assert samples["sluice_llm_structured_requests_ratio"] == 1.0
+    assert samples["sluice_llm_structured_requests_total"] >= 2
+    assert samples["sluice_llm_grammars_compiled_total"] >= 2 and samples["sluice_llm_grammar_cache_hits_total"] >= 0
+    assert samples["sluice_llm_grammar_compile_seconds_total"] > 0
+    assert samples["sluice_llm_grammar_mask_fill_seconds_total"] > 0 and samples["sluice_llm_grammar_mask_steps_total"] > 0
+    assert samples["sluice_llm_grammar_mask_fill_ms_per_step"] > 0
