@@ -9,7 +9,7 @@ price of the grammar: compiling (once, off the engine thread), filling the token
 masking the logits.
 
 Each ``--max-num-seqs`` value is a row; unconstrained and constrained runs alternate over ``--repeats``
-and the best of each is kept; the prefix cache is emptied before every run. Timing excludes model loading
+(which one goes first alternates too) and the best of each is kept; the prefix cache is emptied before every run. Timing excludes model loading
 and the grammar compile (warmed up before timing). Mask fill time per step is the engine's own counter.
 
     .venv/bin/python bench/llm_structured.py [--threads 2] [--num-prompts 32] [--max-num-seqs 1 8]
@@ -23,15 +23,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from llm import save_summary  # noqa: E402
+from llm import model_path, run_facts, save_summary, timed_generate  # noqa: E402
 from llm_spec import extraction_prompts  # noqa: E402
 
 FIELDS = ("name", "city", "email", "product")  # asked for; SmolLM2 often copies the next three too
@@ -73,14 +71,10 @@ def run_pair(model: str, prompts: list[list[int]], max_tokens: int, max_num_seqs
     outputs: dict[str, list[list[int]]] = {}
     steps: dict[str, int] = {}
     mask_s = mask_steps = masked_rows = 0.0
-    for _ in range(repeats):
-        for name, p in params.items():
-            llm.kv.reset_prefix_cache()
-            before = llm.stats
-            start = time.perf_counter()
-            outs = llm.generate(prompts, p)
-            elapsed = time.perf_counter() - start
-            after = llm.stats
+    for repeat in range(repeats):
+        order = list(params.items())
+        for name, p in order[::-1] if repeat % 2 else order:  # alternate which goes first
+            elapsed, outs, before, after = timed_generate(llm, prompts, p)
             if elapsed < best.get(name, float("inf")):
                 best[name] = elapsed
                 steps[name] = after.num_steps - before.num_steps
@@ -126,11 +120,7 @@ def main(argv: list[str] | None = None) -> None:
     from sluice.engines.llm import LLM
 
     torch.set_num_threads(args.threads)
-    model = args.model
-    if model is None:
-        from sluice.models import fetch
-
-        model = str(fetch("smollm2-135m"))
+    model = model_path(args.model)
     probe = LLM(model, max_num_seqs=8, max_num_batched_tokens=args.max_num_batched_tokens)
     tok = probe.tokenizer
     assert tok is not None
@@ -154,12 +144,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{r['max_num_seqs']:>5}{r['output_tokens']:>11}{r['unconstrained']['output_tokens_per_s']:>12.1f}"
               f"{c['output_tokens_per_s']:>14.1f}{r['ratio']:>7.3f}{c['mask_fill_ms_per_step']:>14.3f}"
               f"{c['masked_rows_per_step']:>11.1f}{c['step_ms']:>9.1f}{r['identical_outputs']:>6}/{len(prompts)}")
-    summary = {
-        "model": "SmolLM2-135M-Instruct Q4_1 (dequantised, fp32)", "schema": SCHEMA,
-        "num_prompts": len(prompts), "num_candidates": num_candidates, "threads": args.threads,
-        "repeats": args.repeats, "max_tokens": args.max_tokens, "omp_wait_policy": os.environ["OMP_WAIT_POLICY"],
-        "machine": platform.platform(), "load_avg_at_end": os.getloadavg(), "results": results,
-    }  # fmt: skip
+    summary = {**run_facts(args.threads, args.repeats), "schema": SCHEMA, "num_prompts": len(prompts),
+               "num_candidates": num_candidates, "max_tokens": args.max_tokens, "results": results}
     save_summary(Path(args.out), summary)
 
 

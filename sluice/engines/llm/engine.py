@@ -31,7 +31,6 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -39,71 +38,18 @@ import torch
 from sluice.engines.llm.config import EngineConfig
 from sluice.engines.llm.kv_cache import KVCacheManager
 from sluice.engines.llm.model_runner import ModelRunner, SampledToken
+from sluice.engines.llm.output import EngineStats, RequestOutput
 from sluice.engines.llm.request import Request, RequestStatus, SamplingParams
 from sluice.engines.llm.scheduler import Scheduler
 from sluice.engines.llm.speculation import Drafter
 from sluice.engines.llm.structured.backend import BACKENDS, BackendFactory, GrammarBackend, backend_class
 from sluice.engines.llm.structured.compiler import GrammarCompiler
-from sluice.engines.llm.structured.manager import StructuredOutputManager, StructuredStats
+from sluice.engines.llm.structured.manager import StructuredOutputManager
 from sluice.engines.llm.structured.token_table import token_table
 from sluice.engines.llm.tokenizer import ChatTokenizer, IncrementalDetokenizer
 from sluice.engines.llm.weights import find_gguf, load_weights
 
-_FINISH_REASONS = {
-    RequestStatus.FINISHED_STOPPED: "stop",
-    RequestStatus.FINISHED_LENGTH: "length",
-    RequestStatus.FINISHED_ABORTED: "abort",
-    RequestStatus.FINISHED_ERROR: "error",
-}
 _GRAMMAR_WAIT_S = 0.01  # a step with nothing to compute waits this long for a grammar, instead of spinning
-
-
-@dataclass(frozen=True, slots=True)
-class RequestOutput:
-    """A finished request."""
-
-    request_id: str
-    prompt_token_ids: list[int]
-    token_ids: list[int]  # generated tokens, a final stop token included
-    text: str  # detokenised output (special tokens skipped; a matched stop string excluded)
-    status: RequestStatus  # FINISHED_STOPPED, FINISHED_LENGTH or FINISHED_ERROR
-    logprobs: list[float] | None  # log-prob of each generated token, when requested
-    num_cached_tokens: int  # prompt tokens served by the prefix cache (at the last admission)
-    num_draft_tokens: int = 0  # speculative drafts verified for this request
-    num_accepted_draft_tokens: int = 0  # drafts emitted as output (each saved one decode step)
-    error: str | None = None  # FINISHED_ERROR: why its structured output could not go on
-
-    @property
-    def spec_acceptance_rate(self) -> float:
-        """Accepted / verified drafts of this request (0.0 when none were proposed)."""
-        return self.num_accepted_draft_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
-
-    @property
-    def finish_reason(self) -> str:
-        return _FINISH_REASONS.get(self.status, self.status.name.lower())
-
-
-@dataclass(frozen=True, slots=True)
-class EngineStats:
-    num_prompt_tokens: int  # prompt tokens of all added requests
-    num_output_tokens: int  # tokens generated so far
-    num_preemptions: int
-    prefix_cache_hit_rate: float  # hit tokens / queried tokens, 0..1
-    kv_usage: float  # fraction of KV blocks in use now
-    num_kv_blocks: int
-    num_steps: int
-    num_draft_tokens: int = 0  # speculative drafts verified
-    num_accepted_draft_tokens: int = 0  # drafts emitted as output
-    spec_acceptance_rate: float = 0.0  # accepted / verified drafts, 0..1
-    num_requests: int = 0  # requests added
-    structured: StructuredStats | None = None  # structured output: grammars, cache hits, mask time
-
-    @property
-    def structured_share(self) -> float:
-        """Share of added requests that were constrained by structured output, 0..1."""
-        if self.structured is None or not self.num_requests:
-            return 0.0
-        return self.structured.num_requests / self.num_requests
 
 
 class _Tracker:

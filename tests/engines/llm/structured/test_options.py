@@ -146,3 +146,19 @@ def test_structured_output_numbers_reach_the_metrics_endpoint(engine: Any) -> No
     assert samples["sluice_llm_grammar_compile_seconds_total"] > 0
     assert samples["sluice_llm_grammar_mask_fill_seconds_total"] > 0 and samples["sluice_llm_grammar_mask_steps_total"] > 0
     assert samples["sluice_llm_grammar_mask_fill_ms_per_step"] > 0
+
+
+def test_a_grammar_that_fails_in_the_engine_is_that_records_error(engine: Any) -> None:
+    from sluice.engines.llm import SamplingParams, StructuredOutput
+    from sluice.engines.llm.operator_engine import Prompt
+
+    good = engine.prepare([{"text": "Lovely.", "labels": ["yes", "no"]}])[0]
+    bad = Prompt(good.token_ids, SamplingParams(structured_output=StructuredOutput(regex="[a-z")))  # unchecked
+    engine.add(0, bad)
+    engine.add(1, good)
+    results: dict[int, Any] = {}
+    while engine.has_unfinished():
+        results.update(engine.step())
+    assert isinstance(results[0], RecordError) and not isinstance(results[0], AnswerError)
+    assert "structured output: the regex cannot be used" in str(results[0])
+    assert results[1] in ("yes", "no")
