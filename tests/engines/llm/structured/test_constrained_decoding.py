@@ -191,3 +191,89 @@ def test_one_compile_serves_every_request_with_the_same_constraint(tiny: Path) -
     assert {o.text for o in outs} <= {"ab", "cd"}
     stats = llm.stats.structured
     assert stats is not None and (stats.num_grammars_compiled, stats.num_grammar_cache_hits) == (1, 7)
+
+
+def test_preemption_and_aborts_keep_constrained_outputs_and_free_every_block(tiny: Path) -> None:
+    batch = prompts(8, seed=13)
+    big = LLM(tiny, kv_cache_memory_bytes=1 << 24)
+    params = accepting(big.generate(batch, SamplingParams(max_tokens=40)), seed=14)
+    for p in params:
+        p.max_tokens = 40
+    expected = [o.token_ids for o in big.generate(batch, params)]
+    # 3 layers * 2 * 16 tokens * 2 heads * 16 dims * 4 bytes = 12 KiB per block; 8 blocks hold ~2 requests.
+    small = LLM(tiny, kv_cache_memory_bytes=8 * 12 * 1024)
+    ids = [small.add_request(p, sp) for p, sp in zip(batch, params, strict=True)]
+    done: dict[str, list[int]] = {}
+    num_steps = 0
+    while small.has_unfinished():
+        done.update((o.request_id, o.token_ids) for o in small.step())
+        num_steps += 1
+        if num_steps == 5:
+            assert small.abort(ids[-1])  # aborted while it runs or waits for room
+    assert small.stats.num_preemptions > 0
+    assert [done[i] for i in ids[:-1]] == expected[:-1]
+    assert small.kv.num_free_blocks == small.kv.num_blocks
+
+
+def test_sampled_answers_stay_inside_the_grammar(tiny: Path) -> None:
+    llm = LLM(tiny, kv_cache_memory_bytes=1 << 24)
+    labels = ["alpha", "beta", "gamma delta"]
+    params = [SamplingParams(max_tokens=12, temperature=2.0, top_p=0.95, seed=i,
+                             structured_output=StructuredOutput(choice=labels)) for i in range(16)]
+    outs = llm.generate(prompts(16, seed=15), params)
+    assert all(o.text in labels and o.finish_reason == "stop" for o in outs)
+    assert len({o.text for o in outs}) > 1  # sampling picks among the allowed answers
+    again = llm.generate(prompts(16, seed=15), params)
+    assert [o.token_ids for o in again] == [o.token_ids for o in outs]  # seeded: reproducible
+
+
+class _FailingMatcher:
+    """Wraps a real matcher; fails (as a grammar too complex for one step would) after ``budget`` tokens."""
+
+    def __init__(self, inner: GrammarMatcher, budget: int) -> None:
+        self.inner, self.budget, self.failed = inner, budget, False
+
+    def accept(self, token_ids: Sequence[int]) -> bool:
+        self.budget -= len(token_ids)
+        self.failed = self.failed or self.budget < 0
+        return not self.failed and self.inner.accept(token_ids)
+
+    def error(self) -> str | None:
+        return "step limit exceeded" if self.failed else self.inner.error()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+class _Failing(_Gated):
+    def matcher(self, compiled: Any) -> GrammarMatcher:
+        return _FailingMatcher(self.inner.matcher(compiled), budget=3)  # type: ignore[return-value]
+
+    def fill_bitmask(self, rows: Sequence[BitmaskRow], bitmask: Any) -> None:
+        self.inner.fill_bitmask([(m.inner, r, d) for m, r, d in rows], bitmask)  # type: ignore[attr-defined]
+
+
+def test_a_matcher_failing_mid_answer_finishes_that_request_with_an_error(tiny: Path) -> None:
+    gate = threading.Event()
+    gate.set()
+    llm = LLM(tiny, kv_cache_memory_bytes=1 << 24, structured_output_backend=lambda t: _Failing(t, gate))  # type: ignore[arg-type, return-value]
+    failing, plain = llm.generate([[1, 2, 3], [4, 5, 6]], [
+        SamplingParams(max_tokens=10, structured_output={"regex": "[a-z]{10}"}),  # type: ignore[arg-type]
+        SamplingParams(max_tokens=10)])
+    assert failing.finish_reason == "error" and failing.error == "structured output failed: step limit exceeded"
+    assert len(failing.token_ids) == 4 and plain.finish_reason == "length" and len(plain.token_ids) == 10
+    assert llm.kv.num_free_blocks == llm.kv.num_blocks
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA GPU")
+def test_constrained_outputs_on_cuda_in_fp32(tiny: Path) -> None:
+    """CUDA: pinned bitmasks copied to the device, the Triton mask kernel, Triton attention."""
+    batch = prompts(8, seed=16)
+    llm = LLM(tiny, kv_cache_memory_bytes=1 << 24, device="cuda", dtype="float32", num_speculative_tokens=3,
+              speculative_adaptive=False)
+    drafter, llm.scheduler.drafter = llm.scheduler.drafter, None
+    plain = llm.generate(batch, SamplingParams(max_tokens=MAX_TOKENS))
+    llm.scheduler.drafter = drafter
+    got = llm.generate(batch, accepting(plain, seed=17))
+    assert [g.token_ids for g in got] == [p.token_ids for p in plain]
