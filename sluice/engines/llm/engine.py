@@ -140,7 +140,7 @@ class LLM:
         if params.stop:
             self._require_tokenizer("stop strings")
         if params.structured_output is not None:
-            self._require_tokenizer("structured output")
+            self._require_tokenizer("constrained requests (structured_output)")
         request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
         if request_id in self._trackers:
             raise ValueError(f"request id {request_id!r} is already in use by an unfinished request")
@@ -322,7 +322,7 @@ class LLM:
 
     def _make_grammar_backend(self) -> GrammarBackend:
         """The grammar backend over this model's tokens (runs on the compile thread, once)."""
-        tokenizer = self._require_tokenizer("structured output")
+        tokenizer = self._require_tokenizer("constrained requests (structured_output)")
         table = token_table(tokenizer.tokenizer, self.model_config.vocab_size, self.model_config.eos_token_ids)
         make = self._grammar_backend
         backend: GrammarBackend = (backend_class(make) if isinstance(make, str) else make)(table)
