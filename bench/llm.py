@@ -168,11 +168,7 @@ def main() -> None:
 
     from sluice.engines.llm.tokenizer import ChatTokenizer
 
-    model = args.model
-    if model is None:
-        from sluice.models import fetch
-
-        model = str(fetch("smollm2-135m"))
+    model = model_path(args.model)
     tok = ChatTokenizer.from_path(model)
     chats, max_tokens = build_workload(args.num_prompts)
     prompts = [tok.encode(tok.apply_chat_template(c)) for c in chats]
@@ -205,6 +201,31 @@ def main() -> None:
         "results": [{k: v for k, v in r.items() if k not in ("outputs",)} for r in results],
     }  # fmt: skip
     save_summary(Path(args.out), summary)
+
+
+def model_path(model: str | None) -> str:
+    """The model a benchmark runs: the one given, or SmolLM2-135M fetched into the model cache."""
+    if model is not None:
+        return model
+    from sluice.models import fetch
+
+    return str(fetch("smollm2-135m"))
+
+
+def timed_generate(llm: Any, prompts: list[list[int]], params: Any) -> tuple[float, list[Any], Any, Any]:
+    """One timed ``generate`` from an empty prefix cache: (seconds, outputs, engine stats before, after)."""
+    llm.kv.reset_prefix_cache()
+    before = llm.stats
+    start = time.perf_counter()
+    outs = llm.generate(prompts, params)
+    return time.perf_counter() - start, outs, before, llm.stats
+
+
+def run_facts(threads: int, repeats: int) -> dict[str, Any]:
+    """What every SmolLM2 benchmark summary records about how it ran (call it at the end of the run)."""
+    return {"model": "SmolLM2-135M-Instruct Q4_1 (dequantised, fp32)", "threads": threads, "repeats": repeats,
+            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "machine": platform.platform(),
+            "load_avg_at_end": os.getloadavg()}
 
 
 def save_summary(out: Path, summary: dict[str, Any]) -> None:

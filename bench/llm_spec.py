@@ -24,15 +24,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from llm import build_workload, save_summary  # noqa: E402
+from llm import build_workload, model_path, run_facts, save_summary, timed_generate  # noqa: E402
 
 FIRST = ["Maria", "Tomasz", "Aiko", "Liam", "Fatima", "Jonas", "Priya", "Mateo", "Chloe", "Kwame", "Elena",
          "Oskar", "Yuki", "Amara", "Lucas", "Ingrid"]  # fmt: skip
@@ -78,14 +76,9 @@ def run_pair(model: str, prompts: list[list[int]], max_tokens: list[int], ignore
     stats: dict[str, Any] = {}
     for _ in range(repeats):
         for name, llm in engines.items():
-            llm.kv.reset_prefix_cache()
-            before = llm.stats
-            start = time.perf_counter()
-            outs = llm.generate(prompts, params)
-            elapsed = time.perf_counter() - start
+            elapsed, outs, before, after = timed_generate(llm, prompts, params)
             best[name] = min(best.get(name, elapsed), elapsed)
             outputs[name] = [o.token_ids for o in outs]
-            after = llm.stats
             drafts = after.num_draft_tokens - before.num_draft_tokens
             accepted = after.num_accepted_draft_tokens - before.num_accepted_draft_tokens
             stats[name] = {"num_steps": after.num_steps - before.num_steps, "num_draft_tokens": drafts,
@@ -120,11 +113,7 @@ def main(argv: list[str] | None = None) -> None:
     from sluice.engines.llm.tokenizer import ChatTokenizer
 
     torch.set_num_threads(args.threads)
-    model = args.model
-    if model is None:
-        from sluice.models import fetch
-
-        model = str(fetch("smollm2-135m"))
+    model = model_path(args.model)
     tok = ChatTokenizer.from_path(model)
     ext = [tok.encode(tok.apply_chat_template(c)) for c in extraction_prompts(args.num_prompts)]
     chats, label_max = build_workload(args.num_prompts)
@@ -146,12 +135,8 @@ def main(argv: list[str] | None = None) -> None:
               f"{r['off']['output_tokens_per_s']:>11.1f}{r['on']['output_tokens_per_s']:>10.1f}{r['speedup']:>8.2f}x"
               f"{r['on']['acceptance_rate']:>10.1%}{r['off']['num_steps']:>7}/{r['on']['num_steps']:<6}"
               f"{r['identical_outputs']:>6}/{args.num_prompts}")  # fmt: skip
-    summary = {
-        "model": "SmolLM2-135M-Instruct Q4_1 (dequantised, fp32)", "num_prompts": args.num_prompts,
-        "num_speculative_tokens": args.num_speculative_tokens,
-        "threads": args.threads, "repeats": args.repeats, "omp_wait_policy": os.environ["OMP_WAIT_POLICY"],
-        "machine": platform.platform(), "load_avg_at_end": os.getloadavg(), "results": results,
-    }  # fmt: skip
+    summary = {**run_facts(args.threads, args.repeats), "num_prompts": args.num_prompts,
+               "num_speculative_tokens": args.num_speculative_tokens, "results": results}
     save_summary(Path(args.out), summary)
 
 

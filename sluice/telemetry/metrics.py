@@ -5,7 +5,8 @@ runner gets its own ``CollectorRegistry`` (never the global one): several pipeli
 
 LLM engines: an engine whose ``stats`` attribute (or property) returns an object with any of the fields
 ``num_running``, ``num_waiting``, ``kv_usage``, ``prefix_cache_hit_rate``, ``num_preemptions``,
-``num_prompt_tokens``, ``num_output_tokens``, ``spec_acceptance_rate`` gets those exported too (fields it lacks are skipped).
+``num_prompt_tokens``, ``num_output_tokens``, ``spec_acceptance_rate`` and the structured-output fields of
+``_LLM_FIELDS`` gets those exported too (fields it lacks are skipped).
 Token rates are counters (use ``rate()``); the status tick also keeps a tokens/s gauge.
 """
 
@@ -37,6 +38,23 @@ _LLM_FIELDS: tuple[tuple[str, str, str, str], ...] = (
     ("num_output_tokens", "sluice_llm_output_tokens", "counter", "Tokens generated"),
     ("spec_acceptance_rate", "sluice_llm_spec_acceptance_ratio", "gauge",
      "Speculative draft tokens accepted / verified"),
+    # structured output (constrained decoding)
+    ("structured_share", "sluice_llm_structured_requests_ratio", "gauge",
+     "Share of LLM requests constrained by structured output"),
+    ("num_structured_requests", "sluice_llm_structured_requests", "counter",
+     "LLM requests constrained by structured output"),
+    ("num_grammars_compiled", "sluice_llm_grammars_compiled", "counter", "Distinct grammars compiled"),
+    ("num_grammar_cache_hits", "sluice_llm_grammar_cache_hits", "counter",
+     "Constrained requests whose grammar was already compiled"),
+    ("num_grammar_errors", "sluice_llm_grammar_errors", "counter", "Constraints that failed to compile"),
+    ("grammar_compile_seconds", "sluice_llm_grammar_compile_seconds", "counter",
+     "Seconds spent compiling grammars (off the engine thread)"),
+    ("grammar_mask_fill_seconds", "sluice_llm_grammar_mask_fill_seconds", "counter",
+     "Engine-thread seconds spent filling token bitmasks"),
+    ("num_grammar_mask_steps", "sluice_llm_grammar_mask_steps", "counter",
+     "Engine steps that filled token bitmasks"),
+    ("grammar_mask_fill_ms_per_step", "sluice_llm_grammar_mask_fill_ms_per_step", "gauge",
+     "Mean milliseconds spent filling token bitmasks per masked step"),
 )
 
 

@@ -8,10 +8,16 @@ Usage::
     prompt = llm.apply_chat_template([{"role": "user", "content": "Label: great phone"}])
     [out] = llm.generate([prompt], SamplingParams(max_tokens=16))
     print(out.text, out.finish_reason)
+
+    # constrained decoding: the answer can only be one of the labels (or match a JSON Schema, a regex)
+    label = StructuredOutput(choice=["positive", "negative", "neutral"])
+    [out] = llm.generate([prompt], SamplingParams(max_tokens=8, structured_output=label))
 """
 
 from sluice.engines.llm.config import EngineConfig, ModelConfig
 from sluice.engines.llm.engine import LLM, EngineStats, RequestOutput
 from sluice.engines.llm.request import RequestStatus, SamplingParams
+from sluice.engines.llm.structured import GrammarError, StructuredOutput
 
-__all__ = ["LLM", "EngineConfig", "EngineStats", "ModelConfig", "RequestOutput", "RequestStatus", "SamplingParams"]
+__all__ = ["LLM", "EngineConfig", "EngineStats", "GrammarError", "ModelConfig", "RequestOutput", "RequestStatus",
+           "SamplingParams", "StructuredOutput"]

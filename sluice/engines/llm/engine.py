@@ -12,6 +12,13 @@ With ``num_speculative_tokens > 0`` a decoding request may emit several tokens i
 drafts verified in the same forward pass, see ``speculation.py``); greedy outputs are the same as without
 it, sampled outputs follow the same distribution. A stop inside an accepted run cuts the run there.
 
+Structured output (``SamplingParams.structured_output``, see ``structured/``): the request's grammar is
+compiled on a background thread while the rest of the batch steps on; it then runs like any other request,
+except that each step fills the token bitmasks of all constrained rows in one call and the sampler masks
+their logits. It ends with EOS once its grammar is complete, or with ``length`` at ``max_tokens``; a grammar
+that cannot be compiled or followed finishes the request with ``finish_reason == "error"`` and the reason
+in ``RequestOutput.error``.
+
 Output contract (:class:`RequestOutput`): ``token_ids`` are all generated tokens, including a final stop
 token (an EOS or one of ``stop_token_ids``); ``text`` is their detokenised text without special tokens and,
 when a stop string ended the request, cut just before that stop string (the stop string is excluded).
@@ -24,7 +31,6 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -32,66 +38,30 @@ import torch
 from sluice.engines.llm.config import EngineConfig
 from sluice.engines.llm.kv_cache import KVCacheManager
 from sluice.engines.llm.model_runner import ModelRunner, SampledToken
+from sluice.engines.llm.output import EngineStats, RequestOutput
 from sluice.engines.llm.request import Request, RequestStatus, SamplingParams
 from sluice.engines.llm.scheduler import Scheduler
 from sluice.engines.llm.speculation import Drafter
+from sluice.engines.llm.structured.backend import BACKENDS, BackendFactory, GrammarBackend, backend_class
+from sluice.engines.llm.structured.compiler import GrammarCompiler
+from sluice.engines.llm.structured.manager import StructuredOutputManager
+from sluice.engines.llm.structured.token_table import token_table
 from sluice.engines.llm.tokenizer import ChatTokenizer, IncrementalDetokenizer
 from sluice.engines.llm.weights import find_gguf, load_weights
 
-_FINISH_REASONS = {
-    RequestStatus.FINISHED_STOPPED: "stop",
-    RequestStatus.FINISHED_LENGTH: "length",
-    RequestStatus.FINISHED_ABORTED: "abort",
-}
-
-
-@dataclass(frozen=True, slots=True)
-class RequestOutput:
-    """A finished request."""
-
-    request_id: str
-    prompt_token_ids: list[int]
-    token_ids: list[int]  # generated tokens, a final stop token included
-    text: str  # detokenised output (special tokens skipped; a matched stop string excluded)
-    status: RequestStatus  # FINISHED_STOPPED or FINISHED_LENGTH
-    logprobs: list[float] | None  # log-prob of each generated token, when requested
-    num_cached_tokens: int  # prompt tokens served by the prefix cache (at the last admission)
-    num_draft_tokens: int = 0  # speculative drafts verified for this request
-    num_accepted_draft_tokens: int = 0  # drafts emitted as output (each saved one decode step)
-
-    @property
-    def spec_acceptance_rate(self) -> float:
-        """Accepted / verified drafts of this request (0.0 when none were proposed)."""
-        return self.num_accepted_draft_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
-
-    @property
-    def finish_reason(self) -> str:
-        return _FINISH_REASONS.get(self.status, self.status.name.lower())
-
-
-@dataclass(frozen=True, slots=True)
-class EngineStats:
-    num_prompt_tokens: int  # prompt tokens of all added requests
-    num_output_tokens: int  # tokens generated so far
-    num_preemptions: int
-    prefix_cache_hit_rate: float  # hit tokens / queried tokens, 0..1
-    kv_usage: float  # fraction of KV blocks in use now
-    num_kv_blocks: int
-    num_steps: int
-    num_draft_tokens: int = 0  # speculative drafts verified
-    num_accepted_draft_tokens: int = 0  # drafts emitted as output
-    spec_acceptance_rate: float = 0.0  # accepted / verified drafts, 0..1
+_GRAMMAR_WAIT_S = 0.01  # a step with nothing to compute waits this long for a grammar, instead of spinning
 
 
 class _Tracker:
-    """Engine-side state of one request: stop strings and log-probs."""
+    """Engine-side state of one request: stop strings, log-probs, a structured-output failure."""
 
-    __slots__ = ("detok", "logprobs", "stop_at")
+    __slots__ = ("detok", "error", "logprobs", "stop_at")
 
     def __init__(self, detok: IncrementalDetokenizer | None, want_logprobs: bool) -> None:
         self.detok = detok
         self.logprobs: list[float] | None = [] if want_logprobs else None
         self.stop_at: int | None = None  # text offset of a matched stop string
+        self.error: str | None = None  # why the request finished FINISHED_ERROR
 
 
 class LLM:
@@ -99,10 +69,16 @@ class LLM:
 
     ``options`` are the fields of :class:`EngineConfig` (``max_num_seqs``, ``max_num_batched_tokens``,
     ``block_size``, ``enable_prefix_caching``, ``kv_cache_memory_bytes``, ``dtype``, ``device``,
-    ``max_model_len``, ...); an unknown option is a TypeError.
+    ``max_model_len``, ...); an unknown option is a TypeError. ``structured_output_backend`` is the
+    grammar library for constrained requests: a name (``llguidance``, ``xgrammar``) or a factory taking
+    the model's :class:`~sluice.engines.llm.structured.backend.TokenTable`; it is built at the first one.
     """
 
-    def __init__(self, model: str | Path, **options: object) -> None:
+    def __init__(self, model: str | Path, *, structured_output_backend: str | BackendFactory = "llguidance",
+                 **options: object) -> None:
+        if isinstance(structured_output_backend, str) and structured_output_backend not in BACKENDS:
+            raise ValueError(f"unknown structured_output_backend {structured_output_backend!r}; choose one of "
+                             f"{', '.join(BACKENDS)}")
         self.config = EngineConfig(**options)  # type: ignore[arg-type]
         path = _resolve(model)
         if self.config.num_threads is not None:
@@ -126,9 +102,12 @@ class LLM:
         del reader
         self.kv = KVCacheManager(self.runner.num_blocks, self.config.block_size, self.config.enable_prefix_caching)
         c = self.config
+        self._grammar_backend = structured_output_backend
+        self.structured = StructuredOutputManager(GrammarCompiler(self._make_grammar_backend),
+                                                  pin_memory=self.runner.device.type == "cuda")
         self.drafter = (
             Drafter(c.num_speculative_tokens, c.speculative_ngram_max, c.speculative_ngram_min,
-                    adaptive=c.speculative_adaptive)
+                    adaptive=c.speculative_adaptive, constraint=self.structured)
             if c.num_speculative_tokens else None
         )  # fmt: skip
         self.scheduler = Scheduler(
@@ -140,6 +119,7 @@ class LLM:
         self._num_prompt_tokens = 0
         self._num_output_tokens = 0
         self._num_steps = 0
+        self._num_requests = 0
 
     # ---- requests ------------------------------------------------------------------------------------
 
@@ -148,7 +128,9 @@ class LLM:
     ) -> str:
         """Queue a prompt (text or token ids); return its request id.
 
-        ValueError (naming the lengths) when the prompt cannot fit ``max_model_len`` or the KV pool.
+        ValueError (naming the lengths) when the prompt cannot fit ``max_model_len`` or the KV pool. A
+        request with ``structured_output`` first waits for its grammar (compiled in the background); an
+        invalid constraint is not an error here but a finished output with ``finish_reason == "error"``.
         """
         params = params or SamplingParams()
         if isinstance(prompt, str):
@@ -157,7 +139,11 @@ class LLM:
             prompt_ids = list(prompt)
         if params.stop:
             self._require_tokenizer("stop strings")
+        if params.structured_output is not None:
+            self._require_tokenizer("constrained requests (structured_output)")
         request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
+        if request_id in self._trackers:
+            raise ValueError(f"request id {request_id!r} is already in use by an unfinished request")
         request = Request(request_id, prompt_ids, params)
         if request.num_tokens >= self.max_model_len:
             raise ValueError(
@@ -168,29 +154,45 @@ class LLM:
             if token_id >= self.model_config.vocab_size:
                 raise ValueError(f"request {request_id!r}: token id {token_id} >= vocab size "
                                  f"{self.model_config.vocab_size}")  # fmt: skip
-        self.scheduler.add(request)
+        if params.structured_output is not None:
+            self.scheduler.check(request)  # fail now, not after the grammar is compiled
+            self.structured.add(request)  # joins the scheduler once its grammar is compiled
+        else:
+            self.scheduler.add(request)
         detok = IncrementalDetokenizer(self.tokenizer) if params.stop and self.tokenizer else None
         self._trackers[request_id] = _Tracker(detok, params.logprobs)
         self._num_prompt_tokens += request.num_prompt_tokens
+        self._num_requests += 1
         return request_id
 
     def abort(self, request_id: str) -> bool:
         """Drop a request (any state) and free its KV blocks; False if it is unknown or already finished."""
         self._trackers.pop(request_id, None)
+        waiting = self.structured.remove(request_id)
+        if waiting is not None:  # still waiting for its grammar: the scheduler never saw it
+            waiting.move_to(RequestStatus.FINISHED_ABORTED)
+            return True
         return self.scheduler.abort(request_id) is not None
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished()
+        return self.scheduler.has_unfinished() or self.structured.num_waiting > 0
+
+    def close(self) -> None:
+        """Stop the grammar compile thread. The engine must not be stepped afterwards."""
+        self.structured.close()
 
     # ---- the step ------------------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
         """Advance every running request by one scheduled chunk; return the requests that finished."""
+        outputs = self._admit_compiled()
         out = self.scheduler.schedule()
         if not out.scheduled:
-            return []
+            if not outputs and self.structured.num_waiting:
+                self.structured.wait(_GRAMMAR_WAIT_S)  # nothing else to compute: wait for a grammar
+            return outputs
         start_s = time.perf_counter()
-        sampled = self.runner.execute(out.scheduled)
+        sampled = self.runner.execute(out.scheduled, self.structured.fill_bitmask(out.scheduled))
         # The gate weighs drafts against decode steps: fit its cost model on steps without prompt chunks
         # (a long prefill's per-token cost says little about a few more rows in a decode step).
         if self.drafter is not None and all(s.num_new_tokens == 1 + len(s.draft_token_ids) for s in out.scheduled):
@@ -199,7 +201,21 @@ class LLM:
         finished = self.scheduler.update(out, tokens, stops)
         self._num_steps += 1
         self._num_output_tokens += sum(len(t) for t in tokens.values())
-        return [self._output(r) for r in finished]
+        for request in finished:
+            self.structured.remove(request.request_id)
+        return outputs + [self._output(r) for r in finished]
+
+    def _admit_compiled(self) -> list[RequestOutput]:
+        """Hand requests whose grammar is ready to the scheduler; finish those whose grammar failed."""
+        ready, failed = self.structured.poll()
+        for request in ready:
+            self.scheduler.add(request)
+        outputs = []
+        for request, reason in failed:
+            request.move_to(RequestStatus.FINISHED_ERROR)
+            self._trackers[request.request_id].error = reason
+            outputs.append(self._output(request))
+        return outputs
 
     def _check_stops(
         self, sampled: dict[str, list[SampledToken]]
@@ -208,6 +224,9 @@ class LLM:
 
         Returns the tokens to append per request and which requests stop (on their last token). A run never
         goes past the request's max length (the scheduler drafts within it; cut here too, to be sure).
+        A constrained request's grammar advances over the kept tokens: if it cannot, the request finishes
+        FINISHED_ERROR (unless it stops anyway); a model without an EOS token stops once the grammar is
+        complete.
         """
         tokens: dict[str, list[int]] = {}
         stops: dict[str, RequestStatus] = {}
@@ -228,6 +247,13 @@ class LLM:
                     if delta and _find_stop(tracker, params.stop, len(delta)):
                         stops[rid] = RequestStatus.FINISHED_STOPPED
                         break
+            if params.structured_output is not None:
+                problem = self.structured.accept(rid, kept)
+                if problem is not None and rid not in stops:
+                    stops[rid] = RequestStatus.FINISHED_ERROR
+                    tracker.error = problem
+                elif not self._eos_ids and self.structured.is_terminated(rid):
+                    stops[rid] = RequestStatus.FINISHED_STOPPED
         return tokens, stops
 
     def _output(self, request: Request) -> RequestOutput:
@@ -248,6 +274,7 @@ class LLM:
             num_cached_tokens=request.num_cached_tokens,
             num_draft_tokens=request.num_draft_tokens,
             num_accepted_draft_tokens=request.num_accepted_draft_tokens,
+            error=tracker.error,
         )
 
     # ---- conveniences --------------------------------------------------------------------------------
@@ -289,7 +316,17 @@ class LLM:
             num_draft_tokens=self.drafter.stats.num_draft_tokens if self.drafter else 0,
             num_accepted_draft_tokens=self.drafter.stats.num_accepted_tokens if self.drafter else 0,
             spec_acceptance_rate=self.drafter.stats.acceptance_rate if self.drafter else 0.0,
+            num_requests=self._num_requests,
+            structured=self.structured.stats,
         )
+
+    def _make_grammar_backend(self) -> GrammarBackend:
+        """The grammar backend over this model's tokens (runs on the compile thread, once)."""
+        tokenizer = self._require_tokenizer("constrained requests (structured_output)")
+        table = token_table(tokenizer.tokenizer, self.model_config.vocab_size, self.model_config.eos_token_ids)
+        make = self._grammar_backend
+        backend: GrammarBackend = (backend_class(make) if isinstance(make, str) else make)(table)
+        return backend
 
     def _require_tokenizer(self, what: str) -> ChatTokenizer:
         if self.tokenizer is None:

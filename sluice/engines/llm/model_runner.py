@@ -23,6 +23,7 @@ from sluice.engines.llm.request import Request
 from sluice.engines.llm.sampling import Sampler, SamplingRow
 from sluice.engines.llm.scheduler_output import ScheduledRequest
 from sluice.engines.llm.speculation import accept_drafts
+from sluice.engines.llm.structured.bitmask import TokenBitmask
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -96,8 +97,13 @@ class ModelRunner:
         return max(0, int(free_bytes * ecfg.gpu_memory_utilization) - activations)
 
     @torch.inference_mode()
-    def execute(self, scheduled: list[ScheduledRequest]) -> dict[str, list[SampledToken]]:
+    def execute(
+        self, scheduled: list[ScheduledRequest], token_bitmask: TokenBitmask | None = None
+    ) -> dict[str, list[SampledToken]]:
         """Compute ``num_new_tokens`` positions of each scheduled request; sample where complete.
+
+        ``token_bitmask``: grammar masks for the sampled rows of constrained requests (structured output),
+        rows numbered in the order this method samples them.
 
         Returns the emitted tokens (one, or 1..k+1 after verifying k drafts) of every request whose computed
         tokens reach ``num_tokens`` this step. Block tables must already cover the new positions (the
@@ -157,7 +163,7 @@ class ModelRunner:
         )  # (num_sampled, vocab) float32
         if not sampled_requests:
             return {}
-        out = self.sampler.sample(logits, sampling)
+        out = self.sampler.sample(logits, sampling, token_bitmask)
         result: dict[str, list[SampledToken]] = {}
         row = 0
         for req, drafts in sampled_requests:

@@ -12,6 +12,11 @@ engine:
   parse: json                               # answers that are not JSON (or fail json_schema) are dead-lettered
 ```
 
+With ``structured_output`` (see ``structured/options.py``) the answer is constrained while it is generated:
+a JSON Schema (``parse: json`` is then the default and results are JSON values), a choice of labels or a
+regex. A record whose constraint cannot be used, or whose answer ``max_tokens`` cut before the constraint
+was complete, is dead-lettered with the reason.
+
 The prompt is rendered and tokenised on the intake thread (``prepare``), so a prompt that cannot fit the
 context is dead-lettered before it reaches the engine. Every record shares the system prompt, whose KV
 blocks the prefix cache computes once.
@@ -22,6 +27,7 @@ from __future__ import annotations
 import json
 import logging
 import string
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -29,11 +35,18 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from sluice.engines.base import ContinuousEngine, EngineContext, EngineStartError, RecordError
+from sluice.engines.llm.structured.options import (
+    OVERRIDE_KINDS,
+    AnswerChecker,
+    StructuredOutputOptions,
+    record_spec,
+)
 from sluice.engines.registry import EngineType
 
 log = logging.getLogger(__name__)
 
-_OVERRIDABLE = Literal["max_tokens", "temperature", "top_p", "top_k", "seed", "stop"]
+_OVERRIDABLE = Literal["max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "json_schema", "choice",
+                       "regex"]
 
 
 class LLMOptions(BaseModel):
@@ -52,8 +65,10 @@ class LLMOptions(BaseModel):
     stop: list[str] = Field(default_factory=list)
     ignore_eos: bool = False  # generate exactly max_tokens (benchmarks)
     overrides: dict[_OVERRIDABLE, str] = Field(default_factory=dict)  # generation setting -> record field
-    parse: Literal["none", "json"] = "none"
+    # none: the answer text; json: a JSON value (default with a JSON Schema in structured_output)
+    parse: Literal["none", "json"] | None = None
     json_schema: dict[str, Any] | None = None  # with parse: json, answers must validate against it
+    structured_output: StructuredOutputOptions | None = None  # constrain answers while they are generated
     max_num_seqs: int = Field(default=32, ge=1)
     max_num_batched_tokens: int = Field(default=1024, ge=16)
     max_model_len: int | None = Field(default=None, ge=16)
@@ -71,7 +86,37 @@ class LLMOptions(BaseModel):
         if self.speculative_ngram_min > self.speculative_ngram_max:
             raise ValueError(f"speculative_ngram_min ({self.speculative_ngram_min}) must be <= "
                              f"speculative_ngram_max ({self.speculative_ngram_max})")  # fmt: skip
+        constrained = self.structured_output is not None or any(k in OVERRIDE_KINDS for k in self.overrides)
+        if constrained and self.ignore_eos:
+            raise ValueError("ignore_eos cannot be combined with structured_output (or a json_schema, choice or "
+                             "regex override): a constrained answer ends when it is complete")
+        if self.json_schema is not None and self.structured_output is not None:
+            raise ValueError("json_schema and structured_output are both set: give the schema once, as "
+                             "structured_output.json_schema (answers are then also checked against it)")
         return self
+
+    @property
+    def parse_mode(self) -> Literal["none", "json"]:
+        """``parse`` as given, else ``json`` when the pipeline's answers follow a JSON Schema, else ``none``."""
+        if self.parse is not None:
+            return self.parse
+        schema = (self.structured_output is not None and self.structured_output.has_schema) or (
+            "json_schema" in self.overrides
+        )
+        return "json" if schema else "none"
+
+    def parse_for(self, spec: Any) -> Literal["none", "json"]:
+        """How to read one answer: ``parse`` as given, else ``json`` exactly when its constraint is a schema
+        (a record's own choice or regex answer stays text)."""
+        if self.parse is not None:
+            return self.parse
+        if spec is not None:
+            return "json" if spec.kind == "json_schema" else "none"
+        return self.parse_mode
+
+    @property
+    def backend(self) -> str:
+        return self.structured_output.backend if self.structured_output is not None else "llguidance"
 
     @field_validator("user_template")
     @classmethod
@@ -90,7 +135,7 @@ class AnswerError(RecordError):
 @dataclass(frozen=True, slots=True)
 class Prompt:
     token_ids: list[int]
-    params: Any  # SamplingParams
+    params: Any  # SamplingParams (its structured_output: the record's constraint, if any)
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +150,15 @@ class LLMStats:
     spec_acceptance_rate: float = 0.0  # 0..1, speculative drafts accepted / verified (0 when off)
     num_draft_tokens: int = 0
     num_accepted_draft_tokens: int = 0
+    structured_share: float = 0.0  # 0..1, requests constrained by structured output / requests
+    num_structured_requests: int = 0
+    num_grammars_compiled: int = 0
+    num_grammar_cache_hits: int = 0
+    num_grammar_errors: int = 0
+    grammar_compile_seconds: float = 0.0
+    grammar_mask_fill_seconds: float = 0.0  # engine-thread time spent filling token bitmasks
+    num_grammar_mask_steps: int = 0  # steps that filled at least one bitmask
+    grammar_mask_fill_ms_per_step: float = 0.0
 
 
 class LLMEngine(ContinuousEngine):
@@ -114,6 +168,10 @@ class LLMEngine(ContinuousEngine):
         self._fields = [name for _, name, _, _ in string.Formatter().parse(options.user_template) if name]
         self._num_unfinished = 0
         self._validator: Any = None
+        self._structured: Any = None  # StructuredOutput of the pipeline, if any
+        self._checked: OrderedDict[str, None] = OrderedDict()  # per-record constraints already checked
+        self._answers = AnswerChecker()
+        self._running: dict[Any, Prompt] = {}  # key -> its prompt, until it finishes
 
     def start(self) -> None:
         from sluice.engines.llm import LLM
@@ -127,7 +185,12 @@ class LLMEngine(ContinuousEngine):
             except jsonschema.SchemaError as err:
                 raise EngineStartError(f"engine.json_schema is not a valid JSON Schema: {err.message}") from None
             self._validator = jsonschema.Draft202012Validator(o.json_schema)
-        extra: dict[str, Any] = {}
+        if o.structured_output is not None:
+            try:
+                self._structured = o.structured_output.spec()
+            except ValueError as err:
+                raise EngineStartError(f"engine.structured_output: {err}") from None
+        extra: dict[str, Any] = {"structured_output_backend": o.backend}
         if o.kv_cache_memory_mb is not None:
             extra["kv_cache_memory_bytes"] = o.kv_cache_memory_mb * 1024 * 1024
         try:
@@ -166,9 +229,18 @@ class LLMEngine(ContinuousEngine):
             raise RecordError(f"the prompt has {len(token_ids)} tokens; the model's context holds "
                               f"{self.llm.max_model_len} (prompt and answer together)")
         settings: dict[str, Any] = {"max_tokens": o.max_tokens, "temperature": o.temperature, "top_p": o.top_p,
-                                    "top_k": o.top_k, "seed": o.seed, "stop": tuple(o.stop), "ignore_eos": o.ignore_eos}
+                                    "top_k": o.top_k, "seed": o.seed, "stop": tuple(o.stop), "ignore_eos": o.ignore_eos,
+                                    "structured_output": self._structured}
         for name, field in o.overrides.items():
-            if isinstance(fields, dict) and field in fields and fields[field] is not None:
+            if not (isinstance(fields, dict) and field in fields and fields[field] is not None):
+                continue
+            if name in OVERRIDE_KINDS:
+                try:
+                    settings["structured_output"] = record_spec(name, fields[field], o.backend, self._checked)
+                except ValueError as err:
+                    raise RecordError(f"the record's {name} (field {field!r}) cannot constrain the answer: "
+                                      f"{err}") from None
+            else:
                 settings[name] = tuple(fields[field]) if name == "stop" else fields[field]
         try:
             params = SamplingParams(**settings)
@@ -185,18 +257,21 @@ class LLMEngine(ContinuousEngine):
     def add(self, key: Any, item: Prompt) -> None:
         self.llm.add_request(item.token_ids, item.params, request_id=str(key))
         self._num_unfinished += 1
+        self._running[int(key)] = item
 
     def step(self) -> list[tuple[Any, Any]]:
         finished = []
         for out in self.llm.step():
             self._num_unfinished -= 1
-            finished.append((int(out.request_id), self._answer(out.text)))
+            key = int(out.request_id)
+            finished.append((key, self._result(out, self._running.pop(key))))
         return finished
 
     def has_unfinished(self) -> bool:
         return self._num_unfinished > 0
 
     def abort(self, key: Any) -> None:
+        self._running.pop(int(key), None)
         if self.llm.abort(str(key)):
             self._num_unfinished -= 1
 
@@ -207,11 +282,19 @@ class LLMEngine(ContinuousEngine):
         if llm is None:
             return None
         s = llm.stats
+        g = s.structured
+        grammar: dict[str, Any] = {} if g is None else dict(
+            structured_share=s.structured_share, num_structured_requests=g.num_requests,
+            num_grammars_compiled=g.num_grammars_compiled, num_grammar_cache_hits=g.num_grammar_cache_hits,
+            num_grammar_errors=g.num_grammar_errors, grammar_compile_seconds=g.grammar_compile_s,
+            grammar_mask_fill_seconds=g.mask_fill_s, num_grammar_mask_steps=g.num_mask_steps,
+            grammar_mask_fill_ms_per_step=g.mask_fill_ms_per_step)
         return LLMStats(num_running=llm.scheduler.num_running, num_waiting=llm.scheduler.num_waiting,
                         kv_usage=s.kv_usage, prefix_cache_hit_rate=s.prefix_cache_hit_rate,
                         num_preemptions=s.num_preemptions, num_prompt_tokens=s.num_prompt_tokens,
                         num_output_tokens=s.num_output_tokens, spec_acceptance_rate=s.spec_acceptance_rate,
-                        num_draft_tokens=s.num_draft_tokens, num_accepted_draft_tokens=s.num_accepted_draft_tokens)
+                        num_draft_tokens=s.num_draft_tokens, num_accepted_draft_tokens=s.num_accepted_draft_tokens,
+                        **grammar)
 
     def close(self) -> None:
         llm = getattr(self, "llm", None)
@@ -221,22 +304,39 @@ class LLMEngine(ContinuousEngine):
             if s.num_draft_tokens:
                 spec = (f", speculative drafts accepted {100 * s.spec_acceptance_rate:.1f}% "
                         f"({s.num_accepted_draft_tokens}/{s.num_draft_tokens})")  # fmt: skip
+            g = s.structured
+            if g is not None and g.num_requests:
+                spec += (f", structured output {100 * s.structured_share:.0f}% of requests ({g.num_grammars_compiled} "
+                         f"grammars compiled in {1000 * g.grammar_compile_s:.1f} ms, {g.num_grammar_cache_hits} cache "
+                         f"hits, {g.num_grammar_errors} errors; masks {g.mask_fill_ms_per_step:.3f} ms/step)")
             log.info("llm engine: %d prompt tokens, %d output tokens, prefix-cache hit rate %.1f%%, "
                      "%d preemptions%s", s.num_prompt_tokens, s.num_output_tokens, 100 * s.prefix_cache_hit_rate,
                      s.num_preemptions, spec)
+            llm.close()
 
-    def _answer(self, text: str) -> Any:
-        if self.options.parse == "none":
+    def _result(self, out: Any, item: Prompt) -> Any:
+        """The record's result, or the RecordError that dead-letters it."""
+        text = out.text
+        spec = item.params.structured_output
+        if out.finish_reason == "error":
+            return RecordError(f"structured output: {out.error}")
+        if spec is not None and out.finish_reason == "length":
+            return AnswerError(f"the answer reached max_tokens ({item.params.max_tokens}) before its {spec.kind} "
+                               f"was complete; raise max_tokens; answer: {text[:500]!r}")
+        if self.options.parse_for(spec) == "none":
             return text
         try:
-            answer = json.loads(_strip_fence(text))
+            answer = json.loads(text if spec is not None else _strip_fence(text))
         except ValueError as err:
             return AnswerError(f"the answer is not valid JSON ({err}); answer: {text[:500]!r}")
+        problem = None
         if self._validator is not None:
-            problem = next(iter(self._validator.iter_errors(answer)), None)
-            if problem is not None:
-                return AnswerError(f"the answer does not match json_schema ({problem.message}); "
-                                   f"answer: {text[:500]!r}")
+            error = next(iter(self._validator.iter_errors(answer)), None)
+            problem = None if error is None else error.message
+        if problem is None and spec is not None:
+            problem = self._answers.problem(answer, spec)
+        if problem is not None:
+            return AnswerError(f"the answer does not match json_schema ({problem}); answer: {text[:500]!r}")
         return answer
 
 

@@ -13,6 +13,13 @@ State machine (only :class:`~sluice.engines.llm.scheduler.Scheduler` moves a req
        |         PREEMPTED   (blocks freed, recomputed from prompt + output so far)
        |           |
        +-----------+-------> FINISHED_ABORTED   (from any unfinished state)
+       |           |
+       +-----------+-------> FINISHED_ERROR     (its structured output cannot go on: see below)
+
+A request with ``structured_output`` waits for its grammar outside the scheduler (status WAITING); if the
+grammar cannot be compiled the engine finishes it WAITING -> FINISHED_ERROR itself, the one move not made
+by the scheduler (the request never reached it). A running request whose grammar matcher fails is finished
+FINISHED_ERROR by the scheduler's ``update``.
 
 Pure Python: never imports torch.
 """
@@ -22,6 +29,9 @@ from __future__ import annotations
 import enum
 import math
 from dataclasses import dataclass, field
+from typing import Any
+
+from sluice.engines.llm.structured.spec import StructuredOutput
 
 
 class RequestStatus(enum.IntEnum):
@@ -33,27 +43,32 @@ class RequestStatus(enum.IntEnum):
     FINISHED_STOPPED = 3  # the engine saw a stop token or stop string
     FINISHED_LENGTH = 4  # max_tokens or max_model_len reached
     FINISHED_ABORTED = 5  # the caller gave up on it (or it was dropped on shutdown)
+    FINISHED_ERROR = 6  # its structured output failed: the grammar did not compile, or the matcher failed
 
     @staticmethod
     def is_finished(status: RequestStatus) -> bool:
-        """True for the three terminal states."""
+        """True for the terminal states."""
         return status > RequestStatus.PREEMPTED
 
 
 _ALLOWED_TRANSITIONS: dict[RequestStatus, frozenset[RequestStatus]] = {
-    RequestStatus.WAITING: frozenset({RequestStatus.RUNNING, RequestStatus.FINISHED_ABORTED}),
+    RequestStatus.WAITING: frozenset(
+        {RequestStatus.RUNNING, RequestStatus.FINISHED_ABORTED, RequestStatus.FINISHED_ERROR}
+    ),
     RequestStatus.RUNNING: frozenset(
         {
             RequestStatus.PREEMPTED,
             RequestStatus.FINISHED_STOPPED,
             RequestStatus.FINISHED_LENGTH,
             RequestStatus.FINISHED_ABORTED,
+            RequestStatus.FINISHED_ERROR,
         }
     ),
     RequestStatus.PREEMPTED: frozenset({RequestStatus.RUNNING, RequestStatus.FINISHED_ABORTED}),
     RequestStatus.FINISHED_STOPPED: frozenset(),
     RequestStatus.FINISHED_LENGTH: frozenset(),
     RequestStatus.FINISHED_ABORTED: frozenset(),
+    RequestStatus.FINISHED_ERROR: frozenset(),
 }
 
 
@@ -74,6 +89,9 @@ class SamplingParams:
     stop: tuple[str, ...] = ()  # stop strings, checked by the engine on detokenised text
     ignore_eos: bool = False  # keep going past the model's end-of-sequence token
     logprobs: bool = False  # return the log-prob of each chosen token
+    # Only text matching this may be generated; the request ends (EOS) when it is complete. A mapping is
+    # taken as StructuredOutput's fields.
+    structured_output: StructuredOutput | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
@@ -103,6 +121,22 @@ class SamplingParams:
         for text in self.stop:
             if not isinstance(text, str) or not text:
                 raise ValueError(f"stop strings must be non-empty strings, got {text!r}")
+        self.structured_output = _structured(self.structured_output)
+        if self.structured_output is not None and self.ignore_eos:
+            raise ValueError("ignore_eos cannot be combined with structured_output: a constrained request ends "
+                             "when its grammar is complete")
+
+
+def _structured(value: Any) -> StructuredOutput | None:
+    if value is None or isinstance(value, StructuredOutput):
+        return value
+    if isinstance(value, dict):
+        try:
+            return StructuredOutput(**value)
+        except TypeError:
+            raise ValueError(f"structured_output takes json_schema, regex, choice or grammar, got keys "
+                             f"{sorted(value)}") from None
+    raise ValueError(f"structured_output must be a StructuredOutput or a mapping, got {type(value).__name__}")
 
 
 @dataclass(slots=True, eq=False)

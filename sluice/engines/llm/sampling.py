@@ -11,7 +11,11 @@ Guarantees:
   its own logits, seed and history -- never on which other requests share the batch, nor on preemption.
   Rows without a seed use the sampler's generator (reproducible for one whole run, not per request).
 * ``logprobs`` are log-probabilities of the chosen tokens under the model's raw distribution
-  (``log_softmax(logits)``, before temperature, top-k and top-p).
+  (``log_softmax(logits)``, before temperature, top-k, top-p and any grammar mask).
+* Rows with a grammar mask (:class:`~sluice.engines.llm.structured.bitmask.TokenBitmask`) choose only
+  among the tokens it allows: disallowed logits become ``-inf`` before anything else, so greedy takes the
+  best allowed token (the plain argmax whenever that one is allowed) and sampling renormalises over the
+  allowed tokens, top-k and top-p counting only those.
 
 Sampling uses the exponential-race form: ``argmax(p / E)`` with ``E ~ Exp(1)`` i.i.d. draws token ``i``
 with probability ``p_i``, and turns per-row randomness into one noise vector per row.
@@ -24,6 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from sluice.engines.llm.request import SamplingParams
+from sluice.engines.llm.structured.bitmask import TokenBitmask, apply_token_bitmask_
 
 _SEED_MIX = 0x9E3779B97F4A7C15  # golden-ratio constant: spreads (seed, step) pairs over the 64-bit space
 
@@ -55,8 +60,16 @@ class Sampler:
         self._generator.manual_seed(seed)
         self._row_generator = torch.Generator(device="cpu")
 
-    def sample(self, logits: torch.Tensor, rows: list[SamplingRow]) -> SamplerOutput:
-        """``logits``: (num_rows, vocab) float32, row ``i`` belonging to ``rows[i]``."""
+    def sample(
+        self, logits: torch.Tensor, rows: list[SamplingRow], token_bitmask: TokenBitmask | None = None
+    ) -> SamplerOutput:
+        """``logits``: (num_rows, vocab) float32, row ``i`` belonging to ``rows[i]``; ``token_bitmask``: the
+        grammar masks of the constrained rows. The logits may be masked in place."""
+        raw = logits
+        if token_bitmask is not None:
+            if any(r.params.logprobs for r in rows):
+                logits = logits.clone()  # log-probs stay those of the model's raw distribution
+            apply_token_bitmask_(logits, token_bitmask)
         num_rows = logits.shape[0]
         token_ids = torch.empty(num_rows, dtype=torch.int64, device=logits.device)
         greedy = [i for i, r in enumerate(rows) if r.params.temperature == 0.0]
@@ -71,7 +84,7 @@ class Sampler:
             token_ids[sel] = self._sample_random(logits.index_select(0, sel), [rows[i] for i in random])
         logprobs = None
         if any(r.params.logprobs for r in rows):
-            lp = torch.log_softmax(logits, dim=-1).gather(1, token_ids.unsqueeze(1)).squeeze(1)
+            lp = torch.log_softmax(raw, dim=-1).gather(1, token_ids.unsqueeze(1)).squeeze(1)
             logprobs = lp.tolist()
         return SamplerOutput(token_ids.tolist(), logprobs)
 

@@ -49,6 +49,9 @@ from sluice.engines.llm.speculation import Draft, Drafter
 
 __all__ = ["ScheduledRequest", "Scheduler", "SchedulerOutput"]
 
+# What the engine may decide for a request that sampled this step.
+_ENGINE_DECISIONS = (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH, RequestStatus.FINISHED_ERROR)
+
 
 class Scheduler:
     """Owns the waiting and running queues and every request status change."""
@@ -116,6 +119,15 @@ class Scheduler:
 
     def add(self, request: Request) -> None:
         """Queue a new request (WAITING). ValueError, one line, if it could never run."""
+        self.check(request)
+        request.arrival_seq = self._next_arrival_seq
+        self._next_arrival_seq += 1
+        self.requests[request.request_id] = request
+        self.waiting.append(request)
+
+    def check(self, request: Request) -> None:
+        """Raise what :meth:`add` would for ``request``, without queueing it (the engine checks a request
+        that first waits for its grammar, so the caller hears at once that it can never run)."""
         if request.status != RequestStatus.WAITING or request.block_ids or request.num_computed_tokens:
             raise ValueError(f"request {request.request_id!r} is not new (status {request.status.name})")
         if request.request_id in self.requests:
@@ -134,10 +146,6 @@ class Scheduler:
                 f"({request.params.max_tokens}) needs {num_blocks_needed} KV blocks but the cache has only "
                 f"{self.kv.num_blocks}; lower max_tokens, shorten the prompt or give the KV cache more memory"
             )
-        request.arrival_seq = self._next_arrival_seq
-        self._next_arrival_seq += 1
-        self.requests[request.request_id] = request
-        self.waiting.append(request)
 
     def abort(self, request_id: str) -> Request | None:
         """Finish an unfinished request as FINISHED_ABORTED and free its blocks; None if unknown/finished.
@@ -213,8 +221,9 @@ class Scheduler:
         ``sampled``: request_id -> emitted tokens, for exactly the scheduled requests whose step
         ``completes`` (entries for requests aborted meanwhile are ignored): one token, or for a request that
         verified ``k`` drafts its accepted drafts plus one (1..k+1 tokens; the engine may cut the list after
-        a stop token). ``finish``: request_id -> FINISHED_STOPPED or FINISHED_LENGTH, the engine's stop
-        decisions (on the last token of the list), only for requests in ``sampled``. Requests reaching
+        a stop token). ``finish``: request_id -> FINISHED_STOPPED, FINISHED_LENGTH or FINISHED_ERROR (its
+        grammar failed), the engine's stop decisions (on the last token of the list), only for requests in
+        ``sampled``. Requests reaching
         max_tokens or max_model_len are finished with FINISHED_LENGTH even if ``finish`` omits them (tokens
         past that length are dropped).
 
@@ -242,9 +251,9 @@ class Scheduler:
         for request_id, decision in finish.items():
             if request_id not in expected:
                 raise ValueError(f"finish decision for {request_id!r}, which sampled no token this step")
-            if decision not in (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH):
+            if decision not in _ENGINE_DECISIONS:
                 raise ValueError(
-                    f"finish decision for {request_id!r} must be STOPPED or LENGTH, got {decision!r}"
+                    f"finish decision for {request_id!r} must be STOPPED, LENGTH or ERROR, got {decision!r}"
                 )
         finished: list[Request] = []
         for item in live:

@@ -21,7 +21,15 @@ the engine's measured steps; the drafter keeps, per n-gram match length, a decay
 probability that a draft is accepted. Draft ``j`` (1-based) is proposed while
 ``a**j * seconds_per_emitted_token >= per_token_s``:
 on a small batch (a step's fixed cost dominates) even poor drafts pay, on a large compute-bound CPU batch
-only drafts that are nearly always right do. Pure Python: never imports torch.
+only drafts that are nearly always right do.
+
+Structured output (a :class:`DraftConstraint`): a constrained request's drafts must be allowed by its
+grammar, so n-gram drafts are cut at the first token the grammar rejects; and where the grammar *forces*
+the next tokens (the keys of a JSON object, say), those are the drafts instead. Forced drafts have their own
+acceptance estimate (n-gram length 0): the model may still prefer another tokenisation of the same text,
+which verification keeps, so the output is what constrained decoding without drafts gives.
+
+Pure Python: never imports torch.
 """
 
 from __future__ import annotations
@@ -29,11 +37,13 @@ from __future__ import annotations
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from sluice.engines.llm.request import Request
 
 _DECAY = 0.995  # weight of older acceptance evidence at each verify (about the last 200 verifies count)
 _MIN_STEPS_FOR_MODEL = 8  # steps the cost model sees before it gates anything
+FORCED_NGRAM_LEN = 0  # the acceptance bucket of drafts a grammar forces (n-gram matches have n >= 1)
 
 
 def find_ngram_match(token_ids: Sequence[int], ngram_max: int, ngram_min: int) -> tuple[int, int] | None:
@@ -88,6 +98,23 @@ def accept_drafts(draft_ids: Sequence[int], target_ids: Sequence[int]) -> list[i
     while num_accepted < len(draft_ids) and draft_ids[num_accepted] == target_ids[num_accepted]:
         num_accepted += 1
     return list(target_ids[: num_accepted + 1])
+
+
+class DraftConstraint(Protocol):
+    """Keeps a request's drafts inside its grammar. Called by the Drafter while the scheduler plans a step
+    (engine thread); never changes a request's grammar state."""
+
+    def constrains(self, request: Request) -> bool:
+        """True when ``request`` has a grammar."""
+        ...
+
+    def forced_tokens(self, request: Request, limit: int) -> list[int]:
+        """Up to ``limit`` tokens the grammar forces next, possibly none."""
+        ...
+
+    def num_valid(self, request: Request, token_ids: Sequence[int]) -> int:
+        """How many leading ``token_ids`` the grammar allows next."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,7 +179,7 @@ class Drafter:
     """
 
     def __init__(self, num_speculative_tokens: int, ngram_max: int = 3, ngram_min: int = 1,
-                 adaptive: bool = True) -> None:  # fmt: skip
+                 adaptive: bool = True, constraint: DraftConstraint | None = None) -> None:  # fmt: skip
         if num_speculative_tokens < 1:
             raise ValueError(
                 f"num_speculative_tokens must be >= 1 for a drafter, got {num_speculative_tokens}"
@@ -165,6 +192,7 @@ class Drafter:
         self.ngram_max = ngram_max
         self.ngram_min = ngram_min
         self.adaptive = adaptive
+        self.constraint = constraint  # structured output: drafts stay inside each request's grammar
         self.stats = SpecStats()
         self.cost = StepCostModel()
         self._accepted_by_n = [0.0] * (ngram_max + 1)  # decayed counts, index = n-gram length
@@ -180,6 +208,11 @@ class Drafter:
         limit = min(max_drafts, self.num_speculative_tokens)
         if limit < 1:
             return None
+        constraint = self.constraint if self.constraint is not None and self.constraint.constrains(request) else None
+        if constraint is not None:
+            forced = self._forced(constraint, request, limit, num_running)
+            if forced is not None:
+                return forced
         tokens = request.all_token_ids
         match = find_ngram_match(tokens, self.ngram_max, self.ngram_min)
         if match is None:
@@ -188,7 +221,18 @@ class Drafter:
         if self.adaptive:
             limit = min(limit, self._num_worth_drafting(ngram_len, num_running))
         drafts = tokens[start : start + limit]
+        if constraint is not None and drafts:
+            drafts = drafts[: constraint.num_valid(request, drafts)]
         return Draft(drafts, ngram_len) if drafts else None
+
+    def _forced(self, constraint: DraftConstraint, request: Request, limit: int, num_running: int) -> Draft | None:
+        """The tokens the request's grammar forces next, as drafts (None when it forces none)."""
+        forced = constraint.forced_tokens(request, limit)
+        if not forced:
+            return None
+        if self.adaptive:
+            forced = forced[: self._num_worth_drafting(FORCED_NGRAM_LEN, num_running)]
+        return Draft(forced, FORCED_NGRAM_LEN) if forced else None
 
     def record_verify(self, request: Request, ngram_len: int, num_drafts: int, num_accepted: int) -> None:
         """One verify step's outcome for ``request``: ``num_accepted`` of its ``num_drafts`` drafts emitted."""

@@ -22,6 +22,8 @@ LEGAL_EDGES = {
     (S.RUNNING, S.FINISHED_ABORTED),
     (S.PREEMPTED, S.RUNNING),
     (S.PREEMPTED, S.FINISHED_ABORTED),
+    (S.WAITING, S.FINISHED_ERROR),  # its grammar did not compile (structured output)
+    (S.RUNNING, S.FINISHED_ERROR),  # its grammar matcher failed
 }
 
 
@@ -38,7 +40,8 @@ def test_only_the_lifecycle_edges_are_allowed(source: RequestStatus, target: Req
 
 
 def test_finished_means_past_preempted() -> None:
-    assert [s for s in S if S.is_finished(s)] == [S.FINISHED_STOPPED, S.FINISHED_LENGTH, S.FINISHED_ABORTED]
+    assert [s for s in S if S.is_finished(s)] == [S.FINISHED_STOPPED, S.FINISHED_LENGTH, S.FINISHED_ABORTED,
+                                                  S.FINISHED_ERROR]
     assert Request("r", [1], status=S.FINISHED_LENGTH).is_finished
     assert not Request("r", [1], status=S.PREEMPTED).is_finished
 

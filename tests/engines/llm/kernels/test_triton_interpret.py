@@ -6,24 +6,14 @@ child pytest process: kernels imported elsewhere in this suite stay compiled (fo
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.support.interpreter import run_interpreted
 
 
 @pytest.mark.slow
 def test_triton_kernels_match_reference_under_the_interpreter() -> None:
     pytest.importorskip("triton")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    env.pop("SLUICE_KERNELS", None)
-    cases = Path(__file__).with_name("interpret_cases.py")
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", str(cases)],
-        env=env, capture_output=True, text=True, timeout=400,
-    )
-    report = proc.stdout[-6000:] + proc.stderr[-2000:]
-    assert proc.returncode == 0, report
-    assert " passed" in proc.stdout and "skipped" not in proc.stdout, report
+    run_interpreted(Path(__file__).with_name("interpret_cases.py"), timeout_s=400)
