@@ -23,7 +23,8 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 # Every topic the pipelines in examples/pipelines/ read or write (tests/test_config.py checks it): Sluice
 # checks at start that they exist, and the demo broker does not create topics on its own.
-TOPICS = {"reviews": 3, "reviews.embeddings": 3, "reviews.shouted": 3, "reviews.labelled": 3, "reviews.dlq": 1,
+TOPICS = {"reviews": 3, "reviews.embeddings": 3, "reviews.shouted": 3, "reviews.labelled": 3,
+          "reviews.extracted": 3, "reviews.dlq": 1,
           "reviews-avro": 3, "reviews-avro.embeddings": 3, "reviews-avro.dlq": 1}
 
 REVIEW_SCHEMA = {"type": "record", "name": "Review", "namespace": "shop.reviews",
