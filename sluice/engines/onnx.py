@@ -20,7 +20,6 @@ from sluice.engines.backends.onnx import OnnxBackend
 from sluice.engines.base import EngineContext
 from sluice.engines.registry import EngineType
 from sluice.engines.task_engine import TaskEngine
-from sluice.engines.tasks import registry as tasks
 from sluice.engines.tasks.engine_options import EngineTaskOptions
 
 
@@ -45,9 +44,7 @@ class OnnxEngine(TaskEngine):
     backend: OnnxBackend
 
     def __init__(self, options: OnnxOptions, context: EngineContext) -> None:
-        super().__init__("onnx", tasks.lookup(options.task), options.task_options(), OnnxBackend(options, context),
-                         context, warmup=options.warmup)
-        self.options = options
+        super().__init__("onnx", options, OnnxBackend(options, context), context)
 
     @property
     def providers_used(self) -> list[str]:

@@ -19,7 +19,9 @@ from typing import Any
 
 from sluice.engines.backends.base import Backend, LoadRequest
 from sluice.engines.base import BatchEngine, EngineContext, EngineStartError, first_line
+from sluice.engines.tasks import registry
 from sluice.engines.tasks.base import Task, TaskContext, TaskOptions, TaskType
+from sluice.engines.tasks.engine_options import EngineTaskOptions
 
 WARMUP_MAX_BATCH = 64
 
@@ -27,14 +29,14 @@ WARMUP_MAX_BATCH = 64
 class TaskEngine(BatchEngine):
     """A :class:`BatchEngine` over one task and one backend; see the module docstring."""
 
-    def __init__(self, engine: str, task_type: TaskType, task_options: TaskOptions, backend: Backend,
-                 context: EngineContext, *, warmup: bool = True) -> None:
+    def __init__(self, engine: str, options: EngineTaskOptions, backend: Backend, context: EngineContext) -> None:
         self.engine_name = engine
-        self.task_type = task_type
-        self.task_options = task_options
+        self.options = options  # the engine's options: the backend's, ``task`` and the task's
+        self.task_type: TaskType = registry.lookup(options.task)
+        self.task_options: TaskOptions = options.task_options()
         self.backend = backend
         self.context = context
-        self.warmup = warmup
+        self.warmup = options.warmup
         self.task: Task | None = None  # after start()
 
     # ------------------------------------------------------------------------------------ lifecycle

@@ -8,15 +8,12 @@ every text task runs here (``raw`` does not: the profile is over (batch, tokens)
 
 from __future__ import annotations
 
-from typing import Any
-
 from pydantic import Field
 
 from sluice.engines.backends.tensorrt import TensorrtBackend
 from sluice.engines.base import EngineContext
 from sluice.engines.registry import EngineType
 from sluice.engines.task_engine import TaskEngine
-from sluice.engines.tasks import registry as tasks
 from sluice.engines.tasks.engine_options import EngineTaskOptions
 
 
@@ -34,28 +31,12 @@ class TensorrtOptions(EngineTaskOptions):
 
 
 class TensorrtEngine(TaskEngine):
-    """The task on a TensorRT execution context."""
+    """The task on a TensorRT execution context (``engine.backend.plan_path`` / ``.built`` after start)."""
 
     backend: TensorrtBackend
 
     def __init__(self, options: TensorrtOptions, context: EngineContext) -> None:
-        super().__init__("tensorrt", tasks.lookup(options.task), options.task_options(),
-                         TensorrtBackend(options, context), context, warmup=options.warmup)
-        self.options = options
-
-    @property
-    def plan_path(self) -> Any:
-        """After start(): the cached engine file."""
-        return self.backend.plan_path
-
-    @property
-    def built(self) -> bool:
-        """After start(): True when this start built the engine (False: loaded from the cache)."""
-        return self.backend.built
-
-    @property
-    def device(self) -> Any:
-        return self.backend.device
+        super().__init__("tensorrt", options, TensorrtBackend(options, context), context)
 
 
 ENGINE_TYPE = EngineType(name="tensorrt", options=TensorrtOptions, factory=TensorrtEngine)

@@ -33,7 +33,6 @@ from sluice.engines.backends.torch import TorchBackend
 from sluice.engines.base import EngineContext
 from sluice.engines.registry import EngineType
 from sluice.engines.task_engine import TaskEngine
-from sluice.engines.tasks import registry as tasks
 from sluice.engines.tasks.engine_options import EngineTaskOptions
 
 
@@ -79,9 +78,7 @@ class TorchEngine(TaskEngine):
     backend: TorchBackend
 
     def __init__(self, options: TorchOptions, context: EngineContext) -> None:
-        super().__init__("torch", tasks.lookup(options.task), options.task_options(),
-                         TorchBackend(options, context), context, warmup=options.warmup)
-        self.options = options
+        super().__init__("torch", options, TorchBackend(options, context), context)
 
     @property
     def device(self) -> Any:

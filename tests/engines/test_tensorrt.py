@@ -302,13 +302,14 @@ def test_tensorrt_embeddings_match_the_cpu_reference_and_the_engine_is_cached(mi
     want = np.asarray([v for s in range(0, 200, 32) for v in reference.infer(items[s : s + 32])])  # (200, 384)
     engine = _engine(model="minilm-l6", engine_cache_dir=str(tmp_path))
     engine.start()
-    assert engine.built and engine.plan_path is not None and engine.plan_path.parent == tmp_path
+    assert engine.backend.built and engine.backend.plan_path is not None
+    assert engine.backend.plan_path.parent == tmp_path
     got = np.asarray([v for s in range(0, 200, 32) for v in engine.infer(items[s : s + 32])])
     cosines = (got * want).sum(axis=1)
     assert cosines.min() >= 0.999, f"worst cosine {cosines.min():.5f}"
     again = _engine(model="minilm-l6", engine_cache_dir=str(tmp_path))
     again.start()
-    assert not again.built and again.plan_path == engine.plan_path
+    assert not again.backend.built and again.backend.plan_path == engine.backend.plan_path
     np.testing.assert_allclose(again.infer(items[:4]), got[:4], atol=1e-4)
 
 

@@ -14,7 +14,6 @@ number, several a list.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -22,20 +21,17 @@ import numpy as np
 from pydantic import Field, model_validator
 
 from sluice.engines.backends.arrays import ArrayOps
-from sluice.engines.backends.base import ModelClass, ModelIO
+from sluice.engines.backends.base import ModelClass
 from sluice.engines.base import EngineStartError
-from sluice.engines.tasks.base import ModelRun, Task, TaskContext, TaskOptions, TaskType
-from sluice.engines.tasks.heads import logits_output, require_architecture, sigmoid, softmax
+from sluice.engines.tasks.base import ModelRun, TaskContext, TaskOptions, TaskType
+from sluice.engines.tasks.heads import require_architecture, sigmoid, softmax
 from sluice.engines.tasks.model_config import (
     ModelConfig,
-    default_max_length,
     read_json,
-    read_model_config,
-    read_tokenizer_config,
     sentence_bert_config,
 )
-from sluice.engines.tasks.text_inputs import TextInputs, TokenizedText, pair_fields
-from sluice.engines.tasks.tokenizer import TextTokenizer
+from sluice.engines.tasks.text_inputs import TextInputs, pair_fields
+from sluice.engines.tasks.text_task import TextTask
 
 Activation = Literal["sigmoid", "softmax", "tanh", "none"]
 # torch activation class names sentence-transformers saves -> ours
@@ -82,38 +78,19 @@ def _check_modules(directory: Path) -> None:
                                "this task scores with the transformer's classification head alone")
 
 
-class CrossEncoderTask(Task):
+class CrossEncoderTask(TextTask):
     name = "cross-encoder"
     model_class = ModelClass.SEQUENCE_CLASSIFICATION
 
     def __init__(self, options: CrossEncoderOptions, context: TaskContext) -> None:
-        assert context.files.directory is not None  # text tasks always have a model directory
-        self.model_dir = context.files.directory
-        self.model_name = self.model_dir.name
-        config, tokenizer_config = read_model_config(self.model_dir), read_tokenizer_config(self.model_dir)
-        require_architecture(config, self.model_class, self.name)
+        super().__init__(context)
+        require_architecture(self.config, self.model_class, self.name)
         _check_modules(self.model_dir)
-        self.activation = options.activation or saved_activation(self.model_dir, config)
-        max_seq_length = sentence_bert_config(self.model_dir).get("max_seq_length")
-        self.max_tokens = (options.max_length or (max_seq_length if isinstance(max_seq_length, int) else None)
-                           or default_max_length(config, tokenizer_config))
-        tokenizer = TextTokenizer(self.model_dir, self.max_tokens, config, tokenizer_config, task=self.name)
-        self.inputs = TextInputs(tokenizer, self.name, pair=pair_fields(options.inputs, self.name, required=True))
-        self._output = "logits"
-
-    def bind(self, io: ModelIO) -> None:
-        self.inputs.bind(io, self.model_name)
-        self._output = logits_output(io, self.model_name, self.name)
-
-    def prepare(self, values: Sequence[Any]) -> list[TokenizedText]:
-        return self.inputs.prepare(values)
-
-    def item_length(self, item: Any) -> int:
-        return int(item.num_tokens)
-
-    def collate(self, items: Sequence[TokenizedText]) -> list[ModelRun]:
-        _, feeds = self.inputs.collate(items)
-        return [ModelRun(feeds=feeds, output_names=[self._output], rows=range(len(items)))]
+        self.activation = options.activation or saved_activation(self.model_dir, self.config)
+        saved_length = sentence_bert_config(self.model_dir).get("max_seq_length")
+        max_length = options.max_length or (saved_length if isinstance(saved_length, int) else None)
+        self.inputs = TextInputs(self.tokenizer(max_length), self.name,
+                                 pair=pair_fields(options.inputs, self.name, required=True))
 
     def postprocess(self, run: ModelRun, outputs: list[Any], ops: ArrayOps) -> list[Any]:
         logits = ops.to_host(outputs[0])  # (batch, num_scores)
@@ -121,9 +98,6 @@ class CrossEncoderTask(Task):
         if scores.shape[-1] == 1:
             return [float(score) for score in scores[:, 0]]
         return [row.tolist() for row in scores]
-
-    def warmup_items(self, num_items: int) -> list[Any]:
-        return self.prepare(self.inputs.warmup_values(num_items))
 
 
 def _activate(activation: Activation, logits: np.ndarray) -> np.ndarray:

@@ -12,6 +12,7 @@ start-up error naming it: an embedding computed without it would be silently wro
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 from collections.abc import Callable
@@ -131,24 +132,24 @@ def _read_dense(path: Path) -> Dense:
 
 
 def _load_weights(path: Path) -> dict[str, np.ndarray]:
-    safetensors_file = path / "model.safetensors"
+    safetensors_file, torch_file = path / "model.safetensors", path / "pytorch_model.bin"
     if safetensors_file.is_file():
+        numpy_loader = _require("safetensors.numpy", f"{path} holds Dense weights; reading them needs the "
+                                                     "'safetensors' package (pip install 'sluice[onnx]')")
         try:
-            from safetensors.numpy import load_file
-        except ImportError:
-            raise EngineStartError(f"{path} holds Dense weights; reading them needs the 'safetensors' package "
-                                   "(pip install 'sluice[onnx]')") from None
-        try:
-            return {k: v.astype(np.float32) for k, v in load_file(str(safetensors_file)).items()}
+            return {k: v.astype(np.float32) for k, v in numpy_loader.load_file(str(safetensors_file)).items()}
         except Exception as err:  # safetensors raises its own error types
             raise EngineStartError(f"cannot read {safetensors_file}: {first_line(err)}") from None
-    torch_file = path / "pytorch_model.bin"
     if torch_file.is_file():
-        try:
-            import torch
-        except ImportError:
-            raise EngineStartError(f"{torch_file} is a torch pickle; install torch to read it, or save the "
-                                   "model again with safetensors") from None
+        torch = _require("torch", f"{torch_file} is a torch pickle; install torch to read it, or save the model "
+                                  "again with safetensors")
         state: Any = torch.load(str(torch_file), map_location="cpu", weights_only=True)
         return {k: v.float().numpy() for k, v in state.items()}
     raise EngineStartError(f"{path}: a Dense module without model.safetensors or pytorch_model.bin")
+
+
+def _require(module: str, message: str) -> Any:
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise EngineStartError(message) from None

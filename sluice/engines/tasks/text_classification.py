@@ -14,24 +14,20 @@ a pair of fields classified together (natural-language inference, paraphrase det
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any, Literal
 
 import numpy as np
 from pydantic import Field, model_validator
 
 from sluice.engines.backends.arrays import ArrayOps
-from sluice.engines.backends.base import ModelClass, ModelIO
-from sluice.engines.tasks.base import ModelRun, Task, TaskContext, TaskOptions, TaskType
-from sluice.engines.tasks.heads import check_num_labels, logits_output, require_head, sigmoid, softmax
+from sluice.engines.backends.base import ModelClass
+from sluice.engines.tasks.base import ModelRun, TaskContext, TaskOptions, TaskType
+from sluice.engines.tasks.heads import sigmoid, softmax
 from sluice.engines.tasks.model_config import (
     ModelConfig,
-    default_max_length,
-    read_model_config,
-    read_tokenizer_config,
 )
-from sluice.engines.tasks.text_inputs import TextInputs, TokenizedText, pair_fields
-from sluice.engines.tasks.tokenizer import TextTokenizer
+from sluice.engines.tasks.text_inputs import TextInputs, pair_fields
+from sluice.engines.tasks.text_task import TextTask
 
 ScoreFunction = Literal["softmax", "sigmoid", "none"]
 
@@ -68,38 +64,17 @@ def apply_function(function: ScoreFunction, logits: np.ndarray) -> np.ndarray:
     return logits
 
 
-class TextClassificationTask(Task):
+class TextClassificationTask(TextTask):
     name = "text-classification"
     model_class = ModelClass.SEQUENCE_CLASSIFICATION
+    labelled = True
 
     def __init__(self, options: TextClassificationOptions, context: TaskContext) -> None:
-        assert context.files.directory is not None  # text tasks always have a model directory
-        self.model_dir = context.files.directory
-        self.model_name = self.model_dir.name
-        config, tokenizer_config = read_model_config(self.model_dir), read_tokenizer_config(self.model_dir)
-        self.labels = require_head(config, self.model_class, self.name)
-        self.function = options.function_to_apply or default_function(config)
+        super().__init__(context)
+        self.function = options.function_to_apply or default_function(self.config)
         self.top_k = options.top_k
-        self.max_tokens = options.max_length or default_max_length(config, tokenizer_config)
-        tokenizer = TextTokenizer(self.model_dir, self.max_tokens, config, tokenizer_config, task=self.name)
-        self.inputs = TextInputs(tokenizer, self.name, pair=pair_fields(options.inputs, self.name, required=False),
-                                 empty_pair_is_single=True)
-        self._output = "logits"
-
-    def bind(self, io: ModelIO) -> None:
-        self.inputs.bind(io, self.model_name)
-        self._output = logits_output(io, self.model_name, self.name)
-        check_num_labels(io, self._output, len(self.labels), self.model_name)
-
-    def prepare(self, values: Sequence[Any]) -> list[TokenizedText]:
-        return self.inputs.prepare(values)
-
-    def item_length(self, item: Any) -> int:
-        return int(item.num_tokens)
-
-    def collate(self, items: Sequence[TokenizedText]) -> list[ModelRun]:
-        _, feeds = self.inputs.collate(items)
-        return [ModelRun(feeds=feeds, output_names=[self._output], rows=range(len(items)))]
+        self.inputs = TextInputs(self.tokenizer(options.max_length), self.name, empty_pair_is_single=True,
+                                 pair=pair_fields(options.inputs, self.name, required=False))
 
     def postprocess(self, run: ModelRun, outputs: list[Any], ops: ArrayOps) -> list[Any]:
         scores = apply_function(self.function, ops.to_host(outputs[0]))  # (batch, labels)
@@ -113,9 +88,6 @@ class TextClassificationTask(Task):
             return {"label": self.labels[best], "score": float(row[best])}
         order = sorted(range(len(row)), key=lambda i: -row[i])[: self.top_k]  # stable: ties keep label order
         return [{"label": self.labels[i], "score": float(row[i])} for i in order]
-
-    def warmup_items(self, num_items: int) -> list[Any]:
-        return self.prepare(self.inputs.warmup_values(num_items))
 
 
 def _create(options: TextClassificationOptions, context: TaskContext) -> TextClassificationTask:

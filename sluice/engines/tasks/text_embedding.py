@@ -19,6 +19,7 @@ The pooler runs where the model's outputs are (the GPU for torch and TensorRT); 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, model_validator
@@ -26,13 +27,12 @@ from pydantic import Field, model_validator
 from sluice.engines.backends.arrays import ArrayOps
 from sluice.engines.backends.base import ModelClass, ModelIO
 from sluice.engines.base import EngineStartError
-from sluice.engines.tasks.base import ModelRun, Task, TaskContext, TaskOptions, TaskType
+from sluice.engines.tasks.base import ModelRun, TaskContext, TaskOptions, TaskType
 from sluice.engines.tasks.formats import OutputFormat, format_vectors, l2_normalize
-from sluice.engines.tasks.model_config import default_max_length, read_model_config, read_tokenizer_config
 from sluice.engines.tasks.pooling import pool
 from sluice.engines.tasks.sentence_model import Dense, SentenceModel, read_sentence_model, transformer_dir
 from sluice.engines.tasks.text_inputs import TextInputs, TokenizedText
-from sluice.engines.tasks.tokenizer import TextTokenizer
+from sluice.engines.tasks.text_task import TextTask
 
 PoolingName = Literal["mean", "cls", "max", "last-token", "weighted-mean", "mean-sqrt-len"]
 TOKEN_OUTPUTS = ("last_hidden_state", "token_embeddings")  # (batch, tokens, dim): pooled here
@@ -57,23 +57,18 @@ class TextEmbeddingOptions(TaskOptions):
         return self
 
 
-class TextEmbeddingTask(Task):
+class TextEmbeddingTask(TextTask):
     name = "text-embedding"
     model_class = ModelClass.ENCODER
 
     def __init__(self, options: TextEmbeddingOptions, context: TaskContext) -> None:
         assert context.files.directory is not None  # text tasks always have a model directory
         sentence = read_sentence_model(context.files.directory)
-        self.model_dir = sentence.transformer_dir
-        self.model_name = self.model_dir.name
-        config, tokenizer_config = read_model_config(self.model_dir), read_tokenizer_config(self.model_dir)
-        max_length = (options.max_length or sentence.max_seq_length
-                      or default_max_length(config, tokenizer_config))
+        self._sentence = sentence
+        super().__init__(context)
         prompt = _prompt(options, sentence)
-        tokenizer = TextTokenizer(self.model_dir, max_length, config, tokenizer_config,
-                                  lowercase=sentence.do_lower_case, task=self.name)
+        tokenizer = self.tokenizer(options.max_length or sentence.max_seq_length, lowercase=sentence.do_lower_case)
         self.inputs = TextInputs(tokenizer, self.name, prefix=prompt)
-        self.max_tokens = max_length
         given = options.pooling
         self.pooling_modes = tuple([given] if isinstance(given, str) else given) if given else sentence.pooling.modes
         # sentence-transformers' prompt length: the prompt's tokens, without a trailing special token.
@@ -85,28 +80,20 @@ class TextEmbeddingTask(Task):
         self.normalized = bool(self.steps) and self.steps[-1] == "normalize"
         self.dimensions = options.dimensions
         self.output_format = options.output_format
-        self._output_name = ""
         self._output_is_pooled = False
 
-    def bind(self, io: ModelIO) -> None:
-        model_name = self.model_name
-        self.inputs.bind(io, model_name)
+    def transformer_dir(self, context: TaskContext) -> Path:
+        return self._sentence.transformer_dir
+
+    def choose_output(self, io: ModelIO) -> str:
         outputs = io.output_names
         token_level = [n for n in TOKEN_OUTPUTS if n in outputs]
         pooled = [n for n in POOLED_OUTPUTS if n in outputs]
-        if token_level:
-            self._output_name, self._output_is_pooled = token_level[0], False
-        elif pooled:
-            self._output_name, self._output_is_pooled = pooled[0], True
-        else:
-            raise EngineStartError(f"model {model_name} has outputs {outputs}; task text-embedding needs one of "
-                                   f"{list(TOKEN_OUTPUTS + POOLED_OUTPUTS)}")
-
-    def prepare(self, values: Sequence[Any]) -> list[TokenizedText]:
-        return self.inputs.prepare(values)
-
-    def item_length(self, item: Any) -> int:
-        return int(item.num_tokens)
+        if not token_level and not pooled:
+            raise EngineStartError(f"model {self.model_name} has outputs {outputs}; task text-embedding needs one "
+                                   f"of {list(TOKEN_OUTPUTS + POOLED_OUTPUTS)}")
+        self._output_is_pooled = not token_level
+        return (token_level or pooled)[0]
 
     def collate(self, items: Sequence[TokenizedText]) -> list[ModelRun]:
         batch, feeds = self.inputs.collate(items)
@@ -114,7 +101,7 @@ class TextEmbeddingTask(Task):
         if self.prompt_tokens:
             mask = mask.copy()
             mask[:, : self.prompt_tokens] = 0  # the prompt does not count in the pooling
-        return [ModelRun(feeds=feeds, output_names=[self._output_name], rows=range(len(items)), state=mask)]
+        return [ModelRun(feeds=feeds, output_names=[self.output], rows=range(len(items)), state=mask)]
 
     def postprocess(self, run: ModelRun, outputs: list[Any], ops: ArrayOps) -> list[Any]:
         (output,) = outputs
@@ -132,9 +119,6 @@ class TextEmbeddingTask(Task):
             if self.normalized:
                 vectors = l2_normalize(vectors)
         return format_vectors(vectors, self.output_format)
-
-    def warmup_items(self, num_items: int) -> list[Any]:
-        return self.prepare(self.inputs.warmup_values(num_items))
 
 
 def _prompt(options: TextEmbeddingOptions, sentence: SentenceModel) -> str:

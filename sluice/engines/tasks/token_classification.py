@@ -18,13 +18,12 @@ from typing import Any
 from pydantic import Field
 
 from sluice.engines.backends.arrays import ArrayOps
-from sluice.engines.backends.base import ModelClass, ModelIO
-from sluice.engines.tasks.base import ModelRun, Task, TaskContext, TaskOptions, TaskType
-from sluice.engines.tasks.heads import check_num_labels, logits_output, require_head, softmax
-from sluice.engines.tasks.model_config import default_max_length, read_model_config, read_tokenizer_config
+from sluice.engines.backends.base import ModelClass
+from sluice.engines.tasks.base import ModelRun, TaskContext, TaskOptions, TaskType
+from sluice.engines.tasks.heads import softmax
 from sluice.engines.tasks.text_inputs import TextInputs, TokenizedText
+from sluice.engines.tasks.text_task import TextTask
 from sluice.engines.tasks.token_aggregation import Strategy, TokenSpan, aggregate, token_spans
-from sluice.engines.tasks.tokenizer import TextTokenizer
 
 
 class TokenClassificationOptions(TaskOptions):
@@ -45,33 +44,23 @@ class TokenizedSpans:
         return self.tokens.num_tokens
 
 
-class TokenClassificationTask(Task):
+class TokenClassificationTask(TextTask):
     name = "token-classification"
     model_class = ModelClass.TOKEN_CLASSIFICATION
+    labelled = True
 
     def __init__(self, options: TokenClassificationOptions, context: TaskContext) -> None:
-        assert context.files.directory is not None  # text tasks always have a model directory
-        self.model_dir = context.files.directory
-        self.model_name = self.model_dir.name
-        config, tokenizer_config = read_model_config(self.model_dir), read_tokenizer_config(self.model_dir)
-        self.labels = require_head(config, self.model_class, self.name)
+        super().__init__(context)
         self.strategy = options.aggregation_strategy
         self.ignore_labels = tuple(options.ignore_labels)
-        self.max_tokens = options.max_length or default_max_length(config, tokenizer_config)
         # Only a fast tokenizer (tokenizer.json) maps tokens back to character offsets.
-        self.tokenizer = TextTokenizer(self.model_dir, self.max_tokens, config, tokenizer_config, task=self.name,
-                                       needed_for="entities need the character offsets only a fast tokenizer gives")
-        self.inputs = TextInputs(self.tokenizer, self.name)
-        self._output = "logits"
-
-    def bind(self, io: ModelIO) -> None:
-        self.inputs.bind(io, self.model_name)
-        self._output = logits_output(io, self.model_name, self.name)
-        check_num_labels(io, self._output, len(self.labels), self.model_name)
+        self.text_tokenizer = self.tokenizer(
+            options.max_length, needed_for="entities need the character offsets only a fast tokenizer gives")
+        self.inputs = TextInputs(self.text_tokenizer, self.name)
 
     def prepare(self, values: Sequence[Any]) -> list[TokenizedSpans]:
         texts = self.inputs.texts(values)
-        tokenizer = self.tokenizer
+        tokenizer = self.text_tokenizer
         items = []
         for text, encoding in zip(texts, self.inputs.encode(texts), strict=True):
             spans = token_spans(text, encoding.tokens, encoding.ids, encoding.offsets, encoding.special_tokens_mask,
@@ -79,12 +68,9 @@ class TokenClassificationTask(Task):
             items.append(TokenizedSpans(tokens=self.inputs.item(encoding), spans=tuple(spans)))
         return items
 
-    def item_length(self, item: Any) -> int:
-        return int(item.num_tokens)
-
     def collate(self, items: Sequence[TokenizedSpans]) -> list[ModelRun]:
         _, feeds = self.inputs.collate([item.tokens for item in items])
-        return [ModelRun(feeds=feeds, output_names=[self._output], rows=range(len(items)), state=items)]
+        return [ModelRun(feeds=feeds, output_names=[self.output], rows=range(len(items)), state=items)]
 
     def postprocess(self, run: ModelRun, outputs: list[Any], ops: ArrayOps) -> list[Any]:
         logits = ops.to_host(outputs[0])  # (batch, tokens, labels)
@@ -93,12 +79,9 @@ class TokenClassificationTask(Task):
         results = []
         for item, row_logits in zip(run.state, logits, strict=True):
             scores = softmax(row_logits[: item.num_tokens])  # (tokens, labels); padding never scored
-            results.append(aggregate(item.spans, scores, self.labels, self.strategy, self.tokenizer.decode_tokens,
+            results.append(aggregate(item.spans, scores, self.labels, self.strategy, self.text_tokenizer.decode_tokens,
                                      self.ignore_labels))
         return results
-
-    def warmup_items(self, num_items: int) -> list[Any]:
-        return self.prepare(self.inputs.warmup_values(num_items))
 
 
 def _create(options: TokenClassificationOptions, context: TaskContext) -> TokenClassificationTask:
