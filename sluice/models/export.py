@@ -35,6 +35,10 @@ class ExportUnavailable(ModelError):
     """torch or transformers is not installed here: export on another machine."""
 
 
+class ExportLoadError(ModelError):
+    """The directory holds no model with the head asked for."""
+
+
 OPSET_VERSION = 17
 MAX_ABS_DIFF = 1e-3  # export check: largest allowed |onnx - torch| on any unmasked output value
 _TOKEN_LEVEL = (ModelClass.ENCODER, ModelClass.TOKEN_CLASSIFICATION)
@@ -42,7 +46,10 @@ _TOKEN_LEVEL = (ModelClass.ENCODER, ModelClass.TOKEN_CLASSIFICATION)
 
 def export_encoder_to_onnx(model_dir: Path, onnx_path: Path) -> float:
     """The encoder export of a known embedding model (``sluice models fetch``): ids and mask only."""
-    return export_to_onnx(model_dir, onnx_path, ModelClass.ENCODER, segments=False)
+    try:
+        return export_to_onnx(model_dir, onnx_path, ModelClass.ENCODER, segments=False)
+    except ExportLoadError as err:  # fetch reports other errors as "ONNX export of <model name> failed: ..."
+        raise RuntimeError(str(err)) from None
 
 
 def export_to_onnx(model_dir: Path, onnx_path: Path, model_class: ModelClass, *, segments: bool | None = None) -> float:
@@ -69,7 +76,7 @@ def export_to_onnx(model_dir: Path, onnx_path: Path, model_class: ModelClass, *,
         with _quiet():
             model = load_hf_model(model_dir, model_class, attn_implementation="eager")
     except EngineStartError as err:
-        raise ModelError(str(err).removeprefix("engine torch: ")) from None
+        raise ExportLoadError(str(err).removeprefix("engine torch: ")) from None
     names = input_names(model, segments)
     wrapper = _keyword_call(model, names, model_class.output_name)
     vocab_size = int(model.config.vocab_size)

@@ -5,8 +5,8 @@ Truncation on (``longest_first``, so a pair loses tokens from its longer text fi
 come from the tokenizer's own post-processor, as ``tokenizer(text)`` / ``tokenizer(text, text_pair)`` adds
 them. Offsets are character offsets into the text given.
 
-``encode`` is called on the intake thread while the engine thread may read token strings or decode
-(``token``, ``decode``): the ``tokenizers`` library allows concurrent use of one tokenizer.
+``encode`` is called on the intake thread while the engine thread may decode tokens (``decode_tokens``):
+the ``tokenizers`` library allows concurrent use of one tokenizer.
 ``tokenizers`` is imported when a tokenizer is loaded, never at module import.
 """
 
@@ -70,9 +70,6 @@ class TextTokenizer:
             first = pairs[0]
             return [self._tokenizer.encode(first) if isinstance(first, str) else self._tokenizer.encode(*first)]
         return list(self._tokenizer.encode_batch(list(pairs)))
-
-    def token(self, token_id: int) -> str:
-        return self._tokenizer.id_to_token(token_id) or ""
 
     def decode_tokens(self, tokens: Sequence[str]) -> str:
         """Token strings back to text as transformers' ``convert_tokens_to_string`` does (the decoder)."""

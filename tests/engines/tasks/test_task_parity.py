@@ -192,3 +192,53 @@ def test_an_embedding_does_not_depend_on_its_batch_mates(tiny: dict[str, Path], 
     alone = engine.infer(engine.prepare(["short review"]))[0]
     mixed = engine.infer(engine.prepare(["short review", "a much longer review " * 30, ""]))[0]
     np.testing.assert_allclose(alone, mixed, atol=1e-5)
+
+
+# ------------------------------------------------------------------------------------------------- GPU
+
+
+def _gpu_backends() -> list[Any]:
+    import importlib.util
+
+    import torch
+
+    cuda = torch.cuda.is_available()
+    has_trt = importlib.util.find_spec("tensorrt") is not None
+    return [pytest.param("torch", {"device": "cuda"}, marks=pytest.mark.skipif(not cuda, reason="needs CUDA")),
+            pytest.param("tensorrt", {}, marks=pytest.mark.skipif(not (cuda and has_trt),
+                                                                  reason="needs TensorRT and CUDA"))]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("kind", "device_options"), _gpu_backends())
+@pytest.mark.parametrize(("model", "options"), [
+    ("classifier", {"task": "text-classification", "top_k": 3}),
+    ("ner", {"task": "token-classification", "aggregation_strategy": "simple"}),
+    ("cross-encoder", {"task": "cross-encoder", "inputs": {"text": "q", "text_pair": "p"}}),
+    ("embedder-last-token", {}),
+])
+def test_every_text_task_on_the_gpu_equals_the_cpu(kind: str, device_options: dict[str, Any], model: str,
+                                                   options: dict[str, Any], tiny: dict[str, Path],
+                                                   make_engine: Callable[..., Any], tmp_path: Path) -> None:
+    from sluice.engines import registry
+    from sluice.engines.base import EngineContext
+
+    values: list[Any] = ([{"q": a, "p": b} for a, b in zip(TEXTS, TEXTS[3:] + TEXTS[:3], strict=True)]
+                         if options.get("task") == "cross-encoder" else TEXTS)
+    want = _infer(make_engine("torch", model=str(tiny[model]), **options), values)
+    engine_type = registry.lookup(kind)
+    extra = {"engine_cache_dir": str(tmp_path), "export_cache_dir": str(tmp_path)} if kind == "tensorrt" else {}
+    engine = engine_type.factory(engine_type.options(model=str(tiny[model]), **device_options, **extra, **options),
+                                 EngineContext(max_batch_size=16))
+    engine.start()
+    got = _infer(engine, values)
+    if model.startswith("embedder"):
+        assert _cosines(np.asarray(got), np.asarray(want)).min() >= 0.999
+    elif model == "cross-encoder":
+        np.testing.assert_allclose(got, want, atol=1e-3)
+    elif model == "ner":
+        assert [[(e["entity_group"], e["start"], e["end"]) for e in g] for g in got] == \
+               [[(e["entity_group"], e["start"], e["end"]) for e in w] for w in want]
+    else:
+        assert [[r["label"] for r in g] for g in got] == [[r["label"] for r in w] for w in want]
+    engine.close()
