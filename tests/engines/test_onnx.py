@@ -197,7 +197,7 @@ def test_options_reject_misspelt_keys_and_raw_without_inputs() -> None:
         OnnxOptions.model_validate({"model": "m", "normalise": False})
     with pytest.raises(ValidationError, match="needs 'inputs'"):
         OnnxOptions(model="m", task="raw")
-    with pytest.raises(ValidationError, match="'top_k' is for task text-classification"):
+    with pytest.raises(ValidationError, match="'top_k' is an option of task text-classification"):
         OnnxOptions(model="m", task="text-embedding", top_k=2)
     with pytest.raises(ValidationError, match="unknown task 'sentiment'"):
         OnnxOptions(model="m", task="sentiment")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from pydantic import PrivateAttr, field_validator, model_validator
+from pydantic import PrivateAttr, ValidationInfo, field_validator, model_validator
 
 from sluice.engines.tasks import registry as tasks
 from sluice.engines.tasks.base import TaskOptions
@@ -20,7 +20,6 @@ class EngineTaskOptions(tasks.task_fields()):  # type: ignore[misc]  # a class m
     """Subclassed by each engine's options; ``text_only`` engines refuse tasks that are not text."""
 
     text_only: ClassVar[bool] = False
-    task: str = tasks.DEFAULT_TASK
     warmup: bool = True  # run the model at batch 1 and at the largest batch before consuming
     _task_options: Any = PrivateAttr(default=None)
 
@@ -28,6 +27,16 @@ class EngineTaskOptions(tasks.task_fields()):  # type: ignore[misc]  # a class m
     @classmethod
     def _known_task(cls, value: str) -> str:
         return tasks.check_name(value, tasks.text_task_names() if cls.text_only else tasks.names())
+
+    @field_validator("*")
+    @classmethod
+    def _option_of_the_task(cls, value: Any, info: ValidationInfo) -> Any:
+        """A task option given for another task is an error at its own key (``task`` is validated first)."""
+        field, task = info.field_name, info.data.get("task")
+        if task is not None and field != "task" and field in tasks.task_fields().model_fields:
+            if field not in tasks.lookup(task).options.model_fields:
+                raise ValueError(tasks.foreign_message(str(field), task))
+        return value
 
     @model_validator(mode="after")
     def _task_takes_its_options(self) -> EngineTaskOptions:

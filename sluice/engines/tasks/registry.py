@@ -60,7 +60,8 @@ def task_fields() -> type[BaseModel]:
 
     A field that several tasks declare must be declared alike (same type and default): checked here.
     """
-    fields: dict[str, Any] = {}
+    # ``task`` first: fields are validated in order, so every task option can check it belongs to the task.
+    fields: dict[str, Any] = {"task": (str, DEFAULT_TASK)}
     owners: dict[str, str] = {}
     for name in names():
         for field_name, info in lookup(name).options.model_fields.items():
@@ -76,18 +77,25 @@ def task_fields() -> type[BaseModel]:
     return model
 
 
+def foreign_message(field: str, task: str) -> str:
+    return f"'{field}' is an option of task {' / '.join(owners(field))}, not of task {task}"
+
+
+def owners(field: str) -> list[str]:
+    """The tasks that take option ``field``."""
+    return [name for name in names() if field in lookup(name).options.model_fields]
+
+
 def task_options(task: str, options: BaseModel) -> TaskOptions:
     """The options of ``task`` out of an engine's options; ValueError for another task's options.
 
     Only the fields the pipeline set are passed on, so the task's own defaults and validators apply.
     """
     own = lookup(task).options
-    given = options.model_fields_set & set(task_fields().model_fields)
+    given = (options.model_fields_set & set(task_fields().model_fields)) - {"task"}
     foreign = sorted(given - set(own.model_fields))
     if foreign:
-        users = {field: [n for n in names() if field in lookup(n).options.model_fields] for field in foreign}
-        detail = "; ".join(f"'{field}' is for task {' / '.join(users[field])}" for field in foreign)
-        raise ValueError(f"task {task} does not take {detail}")
+        raise ValueError("; ".join(foreign_message(field, task) for field in foreign))
     try:
         return own.model_validate({field: getattr(options, field) for field in given})
     except ValidationError as err:  # a cross-field rule of the task (field types were checked already)

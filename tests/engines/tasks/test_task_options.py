@@ -32,7 +32,8 @@ def _validate(options: str, engine: str = "onnx") -> Any:
 
 
 @pytest.mark.parametrize(("engine", "options", "fragments"), [
-    ("onnx", "  task: text-embedding\n  top_k: 3", ["engine", "'top_k' is for task text-classification"]),
+    ("onnx", "  task: text-embedding\n  top_k: 3",
+     ["engine.top_k (line 8)", "'top_k' is an option of task text-classification, not of task text-embedding"]),
     ("torch", "  task: text-classification\n  topk: 3", ["engine.topk (line 8)", "unknown key"]),
     ("onnx", "  task: sentiment", ["engine.task (line 7)", "unknown task 'sentiment'"]),
     ("tensorrt", "  task: raw\n  inputs: {x: y}", ["engine.task", "expected one of ['text-embedding'"]),
