@@ -93,7 +93,7 @@ def run_export(args: argparse.Namespace) -> int:
     if args.task not in text_tasks:
         print(f"sluice: error: --task must be one of {', '.join(text_tasks)} (got {args.task!r})", file=sys.stderr)
         return 2
-    if not (directory / "config.json").is_file():
+    if not ((directory / "config.json").is_file() or (directory / "modules.json").is_file()):
         print(f"sluice: error: {directory} is not a Hugging Face model directory (no config.json)", file=sys.stderr)
         return 1
     out: Path = args.out or directory / "model.onnx"

@@ -39,8 +39,9 @@ def locate_onnx(model: str, context: EngineContext, engine: str) -> ModelFiles:
         return ModelFiles(directory=path.parent, model_path=path)
     if (path / "model.onnx").is_file():
         return ModelFiles(directory=path, model_path=path / "model.onnx")
-    if (path / "config.json").is_file():
-        return ModelFiles(directory=path, model_path=path)  # a Hugging Face directory: exported at open
+    if (path / "config.json").is_file() or (path / "modules.json").is_file():
+        # A Hugging Face (or sentence-transformers) directory: exported at open, from the task's model_dir.
+        return ModelFiles(directory=path, model_path=path)
     raise EngineStartError(f"engine {engine}: no model.onnx in {path}, and no Hugging Face model there "
                            "(config.json + weights) to export one from; point 'model' at a .onnx file or a "
                            "model directory")

@@ -187,6 +187,34 @@ def test_pooling_and_dimensions_overrides_equal_sentence_transformers(tiny: dict
     assert _cosines(plain[:, :12], got[:5]).max() < 0.9999  # the override changed something
 
 
+def test_an_older_layout_with_the_transformer_in_a_subfolder_equals_sentence_transformers(
+        tmp_path: Path, tiny: dict[str, Path], make_engine: Callable[..., Any]) -> None:
+    """sentence-transformers 2.x saved the transformer in 0_Transformer/ (with do_lower_case there)."""
+    import json
+    import shutil
+
+    from sentence_transformers import SentenceTransformer
+
+    source, model = tiny["embedder-last-token"], tmp_path / "old-layout"
+    (model / "0_Transformer").mkdir(parents=True)
+    for path in source.iterdir():
+        if path.is_dir():
+            shutil.copytree(path, model / path.name)
+        elif path.name in ("modules.json", "config_sentence_transformers.json"):
+            shutil.copy(path, model / path.name)
+        else:
+            shutil.copy(path, model / "0_Transformer" / path.name)
+    modules = json.loads((model / "modules.json").read_text())
+    modules[0]["path"] = "0_Transformer"
+    (model / "modules.json").write_text(json.dumps(modules))
+    (model / "0_Transformer" / "sentence_bert_config.json").write_text('{"max_seq_length": 24, "do_lower_case": true}')
+    want = SentenceTransformer(str(model), device="cpu").encode(TEXTS)
+    for backend in BOTH:
+        engine = make_engine(backend, model=str(model))
+        assert engine.task.max_tokens == 24
+        assert _cosines(np.asarray(_infer(engine, TEXTS)), want).min() >= MIN_COSINE
+
+
 def test_an_embedding_does_not_depend_on_its_batch_mates(tiny: dict[str, Path], make_engine: Callable[..., Any]) -> None:
     engine = make_engine("torch", model=str(tiny["embedder-last-token"]))
     alone = engine.infer(engine.prepare(["short review"]))[0]
