@@ -25,6 +25,8 @@ from confluent_kafka.admin import AdminClient, NewTopic
 # checks at start that they exist, and the demo broker does not create topics on its own.
 TOPICS = {"reviews": 3, "reviews.embeddings": 3, "reviews.shouted": 3, "reviews.labelled": 3,
           "reviews.extracted": 3, "reviews.dlq": 1,
+          "reviews.sentiment": 3, "events": 3, "events.entities": 3, "events.dlq": 1,
+          "search.candidates": 3, "search.scored": 3, "search.dlq": 1,
           "reviews-avro": 3, "reviews-avro.embeddings": 3, "reviews-avro.dlq": 1}
 
 REVIEW_SCHEMA = {"type": "record", "name": "Review", "namespace": "shop.reviews",

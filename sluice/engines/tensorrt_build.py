@@ -97,7 +97,7 @@ def build_plan(trt: Any, logger: Any, request: BuildRequest) -> bytes:
         tensor = network.get_input(index)
         if len(tensor.shape) != 2:
             raise EngineStartError(f"engine tensorrt: input {tensor.name!r} has shape {tuple(tensor.shape)}; "
-                                   "the text-embedding task feeds (batch, tokens) inputs")
+                                   "text tasks feed (batch, tokens) inputs")
         profile.set_shape(tensor.name, request.profile.min_shape, request.profile.opt_shape,
                           request.profile.max_shape)
     config.add_optimization_profile(profile)

@@ -11,29 +11,45 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from sluice.engines.backends.base import ModelClass
 from sluice.engines.base import EngineStartError, first_line
 
 _ENGINE = "engine torch"
 
 
-def load_hf_encoder(model_dir: Path) -> Any:
-    """An HF encoder (BERT family) from ``model_dir`` (``config.json`` + safetensors), offline only."""
+def load_hf_model(model_dir: Path, model_class: ModelClass, attn_implementation: str | None = None) -> Any:
+    """The Hugging Face model in ``model_dir`` (``config.json`` + safetensors) with ``model_class``'s head.
+
+    Offline only. A checkpoint that lacks weights of that head (an encoder loaded as a classifier, whose
+    head transformers would fill with random numbers) is a start-up error, not a silently wrong model.
+    """
     if not (model_dir / "config.json").is_file():
         raise EngineStartError(f"{_ENGINE}: no config.json in {model_dir}; 'model' must be a known model name "
                                "or a Hugging Face model directory (config.json + model.safetensors)")
     try:
-        from transformers import AutoModel
+        import transformers
         from transformers.utils import logging as hf_logging
     except ImportError:
-        raise EngineStartError(f"{_ENGINE}: the text-embedding task needs transformers "
-                               "(pip install 'sluice[torch]')") from None
+        raise EngineStartError(f"{_ENGINE}: Hugging Face models need transformers (pip install 'sluice[torch]')") from None
+    auto_class = getattr(transformers, model_class.auto_class)
     hf_logging.disable_progress_bar()
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # its load report lists keys this head ignores; we check what matters
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            model = AutoModel.from_pretrained(str(model_dir), local_files_only=True)
+            extra = {"attn_implementation": attn_implementation} if attn_implementation else {}
+            model, info = auto_class.from_pretrained(str(model_dir), local_files_only=True, output_loading_info=True,
+                                                     **extra)
     except Exception as err:  # transformers raises OSError/ValueError/... with long messages
         raise EngineStartError(f"{_ENGINE}: cannot load the model in {model_dir}: {first_line(err)}") from None
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    missing = sorted(set(info.get("missing_keys") or ()) | {str(k) for k in info.get("mismatched_keys") or ()})
+    if missing:
+        raise EngineStartError(f"{_ENGINE}: {model_dir} has no weights for {', '.join(missing[:3])}"
+                               f"{' ...' if len(missing) > 3 else ''}: it is not a {model_class.value} model "
+                               f"({model_class.auto_class} would fill them with random values)")
     return model.eval()
 
 

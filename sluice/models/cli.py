@@ -1,4 +1,4 @@
-"""``sluice models list`` and ``sluice models fetch NAME [--dir DIR]``.
+"""``sluice models list``, ``sluice models fetch NAME [--dir DIR]``, ``sluice models export DIR --task TASK``.
 
 Wiring (in ``sluice/cli.py``)::
 
@@ -17,6 +17,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from sluice.engines.base import EngineStartError
 from sluice.models.catalogue import KNOWN_MODELS, ModelError
 from sluice.models.fetch import CACHE_ENV_VAR, default_cache_dir, fetch, is_fetched, model_dir
 
@@ -43,6 +44,18 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     fetch_cmd.add_argument("name", metavar="NAME", help=f"one of: {', '.join(sorted(KNOWN_MODELS))}")
     _add_dir(fetch_cmd)
     fetch_cmd.set_defaults(handler=run_fetch)
+
+    export_cmd = commands.add_parser(
+        "export", help="export a Hugging Face model directory to ONNX for a task",
+        description="Export a Hugging Face model directory (config.json + weights) to ONNX with the head the "
+                    "task needs, check it against torch, and write it as DIR/model.onnx (or --out). The onnx "
+                    "engine then loads DIR without torch installed; without this it exports on first start.")
+    export_cmd.add_argument("directory", metavar="DIR", type=Path, help="the model directory")
+    export_cmd.add_argument("--task", required=True, metavar="TASK",
+                            help="text-embedding, text-classification, token-classification or cross-encoder")
+    export_cmd.add_argument("--out", type=Path, default=None, help="the .onnx file to write (default DIR/model.onnx)")
+    export_cmd.add_argument("--force", action="store_true", help="replace an existing file")
+    export_cmd.set_defaults(handler=run_export)
     return models
 
 
@@ -68,6 +81,40 @@ def run_fetch(args: argparse.Namespace) -> int:
         print("sluice: interrupted; nothing was installed", file=sys.stderr)
         return 130
     print(path)
+    return 0
+
+
+def run_export(args: argparse.Namespace) -> int:
+    from sluice.engines.tasks import registry
+    from sluice.models.export import export_to_onnx
+
+    directory: Path = args.directory
+    text_tasks = registry.text_task_names()
+    if args.task not in text_tasks:
+        print(f"sluice: error: --task must be one of {', '.join(text_tasks)} (got {args.task!r})", file=sys.stderr)
+        return 2
+    if not ((directory / "config.json").is_file() or (directory / "modules.json").is_file()):
+        print(f"sluice: error: {directory} is not a Hugging Face model directory (no config.json)", file=sys.stderr)
+        return 1
+    out: Path = args.out or directory / "model.onnx"
+    if out.exists() and not args.force:
+        print(f"sluice: error: {out} exists; pass --force to replace it", file=sys.stderr)
+        return 1
+    task = registry.lookup(args.task)
+    try:
+        model_dir = task.model_dir(directory)
+        tmp = out.with_name(f".{out.name}.tmp")
+        seconds = export_to_onnx(model_dir, tmp, task.model_class)
+        tmp.replace(out)
+    except (ModelError, EngineStartError) as err:
+        print(f"sluice: error: {err}", file=sys.stderr)
+        return 1
+    except OSError as err:
+        print(f"sluice: error: cannot write {out}: {err.strerror or err}", file=sys.stderr)
+        return 1
+    print(f"sluice: exported {model_dir} for task {args.task} in {seconds:.1f} s; the ONNX graph matches torch",
+          file=sys.stderr)
+    print(out)
     return 0
 
 

@@ -1,16 +1,24 @@
-"""Export a Hugging Face BERT-family encoder to ONNX, and check the export against torch.
+"""Export a Hugging Face model to ONNX for a task's head, and check the export against torch.
 
-Used by :func:`sluice.models.fetch` for embedding models. The exported graph takes ``input_ids`` and
-``attention_mask`` (both ``int64``, shape ``(batch, sequence)``, both axes dynamic) and returns
-``last_hidden_state`` ``(batch, sequence, hidden)``; pooling is left to the task code
-(:mod:`sluice.engines.text_embedding`) so every engine pools the same way.
+The graph takes ``input_ids`` and ``attention_mask`` (and ``token_type_ids`` where the model has
+segments: BERT-style pairs), all ``int64`` of shape ``(batch, sequence)`` with both axes dynamic, and
+returns the head's output:
 
-torch and transformers are imported inside the functions: they are only needed to fetch, never to serve.
+* encoder: ``last_hidden_state`` ``(batch, sequence, hidden)`` -- pooling is left to the task
+  (:mod:`sluice.engines.tasks.pooling`) so every engine pools the same way;
+* sequence classification: ``logits`` ``(batch, labels)``;
+* token classification: ``logits`` ``(batch, sequence, labels)``.
+
+Every export is checked: the graph runs on a batch of another shape than the one traced (which catches a
+shape baked in as a constant) and must agree with torch within :data:`MAX_ABS_DIFF` on every unmasked value.
+
+torch and transformers are imported inside the functions: they are needed to export, never to serve.
 """
 
 from __future__ import annotations
 
 import contextlib
+import inspect
 import time
 import warnings
 from collections.abc import Iterator
@@ -19,58 +27,95 @@ from typing import Any
 
 import numpy as np
 
+from sluice.engines.backends.base import ModelClass
 from sluice.models.catalogue import ModelError
 
+
+class ExportUnavailable(ModelError):
+    """torch or transformers is not installed here: export on another machine."""
+
+
+class ExportLoadError(ModelError):
+    """The directory holds no model with the head asked for."""
+
+
 OPSET_VERSION = 17
-INPUT_NAMES = ("input_ids", "attention_mask")
-OUTPUT_NAME = "last_hidden_state"
-MAX_ABS_DIFF = 1e-3  # export check: largest allowed |onnx - torch| on any unmasked hidden value
+MAX_ABS_DIFF = 1e-3  # export check: largest allowed |onnx - torch| on any unmasked output value
+_TOKEN_LEVEL = (ModelClass.ENCODER, ModelClass.TOKEN_CLASSIFICATION)
 
 
 def export_encoder_to_onnx(model_dir: Path, onnx_path: Path) -> float:
-    """Write ``onnx_path`` from the HF model in ``model_dir``; verify it; return the export time in seconds.
+    """The encoder export of a known embedding model (``sluice models fetch``): ids and mask only."""
+    try:
+        return export_to_onnx(model_dir, onnx_path, ModelClass.ENCODER, segments=False)
+    except ExportLoadError as err:  # fetch reports other errors as "ONNX export of <model name> failed: ..."
+        raise RuntimeError(str(err)) from None
 
-    Raises ModelError (one line) when torch/transformers are missing or the exported graph disagrees with
-    torch on a batch whose shape differs from the one used for tracing (which catches baked-in shapes).
+
+def export_to_onnx(model_dir: Path, onnx_path: Path, model_class: ModelClass, *, segments: bool | None = None) -> float:
+    """Write ``onnx_path`` from the HF model in ``model_dir`` with ``model_class``'s head; verify it; return the
+    export time in seconds.
+
+    ``segments``: whether the graph takes ``token_type_ids`` (default: when the model has more than one
+    segment type). Raises ModelError (one line) when torch/transformers are missing, the directory holds no
+    such model (a head without weights), or the exported graph disagrees with torch.
     """
+    if model_class is ModelClass.ANY:
+        raise ModelError("task raw runs an ONNX file as it is; there is no head to export for it")
     try:
         import torch
-        from transformers import AutoModel
+        import transformers  # noqa: F401 - checked here for a clear message
     except ImportError as err:
-        raise ModelError(f"exporting to ONNX needs torch and transformers ({err.name} is missing): "
+        raise ExportUnavailable(f"exporting to ONNX needs torch and transformers ({err.name} is missing): "
                          "pip install 'sluice[export]'") from None
+    from sluice.engines.base import EngineStartError
+    from sluice.engines.torch_models import load_hf_model
 
     start_s = time.perf_counter()
-    with _quiet():
-        model = AutoModel.from_pretrained(str(model_dir), attn_implementation="eager")
-    model.eval()
-    wrapper = _keyword_call(model)
+    try:
+        with _quiet():
+            model = load_hf_model(model_dir, model_class, attn_implementation="eager")
+    except EngineStartError as err:
+        raise ExportLoadError(str(err).removeprefix("engine torch: ")) from None
+    names = input_names(model, segments)
+    wrapper = _keyword_call(model, names, model_class.output_name)
+    vocab_size = int(model.config.vocab_size)
 
     # Trace with one shape, verify with another: a traced constant shape would show up as a mismatch.
-    ids, mask = _dummy_batch(torch, batch_size=2, seq_len=16, vocab_size=model.config.vocab_size, seed=0)
+    example = _dummy_batch(torch, names, batch_size=2, seq_len=16, vocab_size=vocab_size, seed=0)
+    token_axes = {0: "batch", 1: "sequence"}
+    output_axes = token_axes if model_class in _TOKEN_LEVEL else {0: "batch"}
+    onnx_path.parent.mkdir(parents=True, exist_ok=True)
     with torch.no_grad(), _quiet():
         torch.onnx.export(
             wrapper,
-            (ids, mask),
+            example,
             str(onnx_path),
-            input_names=list(INPUT_NAMES),
-            output_names=[OUTPUT_NAME],
-            dynamic_axes={
-                "input_ids": {0: "batch", 1: "sequence"},
-                "attention_mask": {0: "batch", 1: "sequence"},
-                OUTPUT_NAME: {0: "batch", 1: "sequence"},
-            },
+            input_names=names,
+            output_names=[model_class.output_name],
+            dynamic_axes={**{name: token_axes for name in names}, model_class.output_name: output_axes},
             opset_version=OPSET_VERSION,
-            dynamo=False,  # the TorchScript exporter handles this model; see docs MODELS.md
+            dynamo=False,  # the TorchScript exporter handles these models; see docs MODELS.md
         )
     export_s = time.perf_counter() - start_s
-    _verify(torch, wrapper, onnx_path, model.config.vocab_size)
+    _verify(torch, wrapper, onnx_path, names, model_class, vocab_size)
     return export_s
+
+
+def input_names(model: Any, segments: bool | None) -> list[str]:
+    """The token inputs the graph takes: ids, mask, and segment ids when asked (default: the model has some)."""
+    accepted = set(inspect.signature(model.forward).parameters)
+    if segments is None:
+        segments = int(getattr(model.config, "type_vocab_size", 0) or 0) > 1
+    names = ["input_ids", "attention_mask"]
+    if segments and "token_type_ids" in accepted:
+        names.append("token_type_ids")
+    return names
 
 
 @contextlib.contextmanager
 def _quiet() -> Iterator[None]:
-    """Hide tracer warnings and transformers' weight-loading progress bar (fetch prints its own lines).
+    """Hide tracer warnings and transformers' progress bars (callers print their own lines).
 
     The tracer warnings are about shapes becoming constants; :func:`_verify` checks that none did.
     """
@@ -87,8 +132,8 @@ def _quiet() -> Iterator[None]:
             hf_logging.enable_progress_bar()
 
 
-def _keyword_call(model: Any) -> Any:
-    """Wrap ``model`` so that a positional ``(input_ids, attention_mask)`` call becomes a keyword call.
+def _keyword_call(model: Any, names: list[str], output_name: str) -> Any:
+    """Wrap ``model`` so that a positional call becomes a keyword call returning one output tensor.
 
     transformers 5.x rejects positional arguments in some forward signatures; the exporter calls
     positionally.
@@ -100,36 +145,43 @@ def _keyword_call(model: Any) -> Any:
             super().__init__()
             self.inner = inner
 
-        def forward(self, input_ids: Any, attention_mask: Any) -> Any:
-            return self.inner(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        def forward(self, *inputs: Any) -> Any:
+            return getattr(self.inner(**dict(zip(names, inputs, strict=True))), output_name)
 
     return KeywordCall(model).eval()
 
 
-def _dummy_batch(torch: Any, *, batch_size: int, seq_len: int, vocab_size: int, seed: int) -> tuple[Any, Any]:
-    """Random ids with [CLS]=101 first; row i keeps ``seq_len - 3*i`` tokens (the rest is padding)."""
+def _dummy_batch(torch: Any, names: list[str], *, batch_size: int, seq_len: int, vocab_size: int,
+                 seed: int) -> tuple[Any, ...]:
+    """Random ids; row i keeps ``seq_len - 3*i`` tokens (the rest is padding); a second segment at the end."""
     gen = torch.Generator().manual_seed(seed)
-    ids = torch.randint(1000, vocab_size, (batch_size, seq_len), generator=gen)  # (batch, seq)
-    ids[:, 0] = 101
+    low = min(1000, vocab_size // 2)
+    ids = torch.randint(low, vocab_size, (batch_size, seq_len), generator=gen)  # (batch, seq)
     mask = torch.ones(batch_size, seq_len, dtype=torch.int64)  # (batch, seq)
+    segments = torch.zeros(batch_size, seq_len, dtype=torch.int64)  # (batch, seq)
     for row in range(batch_size):
         kept = max(2, seq_len - 3 * row)
         mask[row, kept:] = 0
         ids[row, kept:] = 0
-    return ids, mask
+        segments[row, kept // 2 : kept] = 1
+    columns = {"input_ids": ids, "attention_mask": mask, "token_type_ids": segments}
+    return tuple(columns[name] for name in names)
 
 
-def _verify(torch: Any, wrapper: Any, onnx_path: Path, vocab_size: int) -> None:
+def _verify(torch: Any, wrapper: Any, onnx_path: Path, names: list[str], model_class: ModelClass,
+            vocab_size: int) -> None:
     import onnxruntime as ort
 
-    ids, mask = _dummy_batch(torch, batch_size=3, seq_len=37, vocab_size=vocab_size, seed=1)
+    batch = _dummy_batch(torch, names, batch_size=3, seq_len=37, vocab_size=vocab_size, seed=1)
     with torch.no_grad():
-        expected = wrapper(ids, mask).numpy()  # (batch, seq, hidden)
+        expected = wrapper(*batch).numpy()
     session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
-    (got,) = session.run([OUTPUT_NAME], {"input_ids": ids.numpy(), "attention_mask": mask.numpy()})
-    valid = mask.numpy().astype(bool)  # padded positions carry no meaning; compare the rest
+    (got,) = session.run([model_class.output_name], {n: t.numpy() for n, t in zip(names, batch, strict=True)})
     if got.shape != expected.shape:
         raise ModelError(f"ONNX export check failed: output shape {got.shape}, torch gives {expected.shape}")
-    max_diff = float(np.abs(got[valid] - expected[valid]).max())
+    if model_class in _TOKEN_LEVEL:  # padded positions carry no meaning; compare the rest
+        valid = batch[names.index("attention_mask")].numpy().astype(bool)
+        got, expected = got[valid], expected[valid]
+    max_diff = float(np.abs(got - expected).max())
     if max_diff > MAX_ABS_DIFF:
         raise ModelError(f"ONNX export check failed: max |onnx - torch| = {max_diff:.2e} > {MAX_ABS_DIFF}")

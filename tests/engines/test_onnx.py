@@ -16,7 +16,7 @@ from pydantic import ValidationError
 from sluice.engines import registry
 from sluice.engines.base import EngineContext, EngineStartError, RecordError
 from sluice.engines.onnx import ENGINE_TYPE, OnnxEngine, OnnxOptions
-from sluice.engines.text_embedding import decode_base64_vector
+from sluice.engines.tasks.formats import decode_base64_vector
 
 _WORDS = ("the quick brown fox jumps over lazy dog battery screen delivery refund great terrible ok "
           "shipping arrived broken works perfectly would buy again não recomendo très bien größe "
@@ -109,7 +109,7 @@ def test_io_binding_path_gives_the_same_vectors(minilm_dir: Path, engine: OnnxEn
     """On GPU the engine binds outputs to the device; here the same code path binds them to the CPU."""
     bound = _engine(minilm_dir, warmup=False)
     bound.start()
-    bound._use_io_binding, bound._io_device = True, "cpu"
+    bound.backend._use_io_binding, bound.backend._io_device = True, "cpu"
     texts = ["io binding", "another text that is longer than the first"]
     np.testing.assert_allclose(bound.infer(bound.prepare(texts)), engine.infer(engine.prepare(texts)), atol=1e-6)
 
@@ -142,11 +142,13 @@ def test_a_missing_model_path_fails_at_start(tmp_path: Path) -> None:
     assert "nope.onnx" in message and "does not exist" in message
 
 
-def test_a_directory_without_model_onnx_fails_at_start(tmp_path: Path) -> None:
-    assert "no model.onnx" in _one_line_start_error(_engine(tmp_path))
+def test_a_directory_without_model_onnx_or_hf_model_fails_at_start(tmp_path: Path) -> None:
+    message = _one_line_start_error(_engine(tmp_path))
+    assert "no model.onnx" in message and "config.json" in message
 
 
-def test_a_file_that_is_not_onnx_fails_at_start(tmp_path: Path) -> None:
+def test_a_file_that_is_not_onnx_fails_at_start(tmp_path: Path, minilm_dir: Path) -> None:
+    (tmp_path / "tokenizer.json").symlink_to(minilm_dir / "tokenizer.json")
     bad = tmp_path / "model.onnx"
     bad.write_text("not a model")
     assert "cannot load ONNX model" in _one_line_start_error(_engine(bad))
@@ -157,24 +159,30 @@ def test_raw_inputs_not_in_the_model_fail_at_start(minilm_dir: Path) -> None:
     assert "'pixels'" in message and "input_ids" in message
 
 
-def test_a_model_with_other_inputs_fails_for_text_embedding(tmp_path: Path) -> None:
+def test_a_model_with_other_inputs_fails_for_text_embedding(tmp_path: Path, minilm_dir: Path) -> None:
+    (tmp_path / "tokenizer.json").symlink_to(minilm_dir / "tokenizer.json")
     path = _tiny_model(tmp_path, input_name="features", output_name="scores")
     message = _one_line_start_error(_engine(path))
     assert "features" in message and "task: raw" in message
 
 
-def test_a_model_without_embedding_outputs_fails_at_start(tmp_path: Path) -> None:
+def test_a_model_without_embedding_outputs_fails_at_start(tmp_path: Path, minilm_dir: Path) -> None:
+    (tmp_path / "tokenizer.json").symlink_to(minilm_dir / "tokenizer.json")
     path = _tiny_model(tmp_path, input_name="input_ids", output_name="logits", dtype="int64")
     message = _one_line_start_error(_engine(path))
     assert "logits" in message and "last_hidden_state" in message
 
 
-def test_a_model_trained_for_cls_pooling_fails_at_start(minilm_dir: Path, tmp_path: Path) -> None:
-    for name in ("model.onnx", "tokenizer.json"):
+def test_a_sentence_transformers_module_the_task_cannot_run_fails_at_start(minilm_dir: Path,
+                                                                             tmp_path: Path) -> None:
+    for name in ("model.onnx", "tokenizer.json", "config.json", "1_Pooling"):
         (tmp_path / name).symlink_to(minilm_dir / name)
-    (tmp_path / "1_Pooling").mkdir()
-    (tmp_path / "1_Pooling" / "config.json").write_text('{"pooling_mode_cls_token": true}')
-    assert "mean pooling only" in _one_line_start_error(_engine(tmp_path))
+    (tmp_path / "modules.json").write_text(
+        '[{"idx": 0, "path": "", "type": "sentence_transformers.models.Transformer"},'
+        ' {"idx": 1, "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},'
+        ' {"idx": 2, "path": "2_LayerNorm", "type": "sentence_transformers.models.LayerNorm"}]')
+    message = _one_line_start_error(_engine(tmp_path))
+    assert "LayerNorm" in message and "Dense/Normalize" in message
 
 
 def test_an_unknown_provider_fails(minilm_dir: Path) -> None:
@@ -189,6 +197,10 @@ def test_options_reject_misspelt_keys_and_raw_without_inputs() -> None:
         OnnxOptions.model_validate({"model": "m", "normalise": False})
     with pytest.raises(ValidationError, match="needs 'inputs'"):
         OnnxOptions(model="m", task="raw")
+    with pytest.raises(ValidationError, match="'top_k' is an option of task text-classification"):
+        OnnxOptions(model="m", task="text-embedding", top_k=2)
+    with pytest.raises(ValidationError, match="unknown task 'sentiment'"):
+        OnnxOptions(model="m", task="sentiment")
 
 
 def _cuda_available() -> bool:

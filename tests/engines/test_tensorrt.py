@@ -85,7 +85,6 @@ def test_the_profile_follows_the_batching_settings() -> None:
     assert profile == ShapeProfile(min_shape=(1, 1), opt_shape=(16, 128), max_shape=(32, 256))
     assert shape_profile(1, 64).opt_shape == (1, 64)  # opt never exceeds max
     assert shape_profile(128, 512, opt_tokens=48).opt_shape == (64, 48)
-    assert _engine(max_batch_size=8, model="m", max_length=100).profile.max_shape == (8, 100)
     assert profile.fits(32, 256) and profile.fits(1, 1)
     assert not profile.fits(33, 10) and not profile.fits(4, 257)
     with pytest.raises(ValueError, match=">= 1"):
@@ -226,24 +225,42 @@ def _fake_hidden(ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
     return np.stack([ids % 7, ids % 5, np.ones_like(ids), mask], axis=-1).astype(np.float32)  # (b, t, 4)
 
 
-def test_infer_binds_shapes_and_addresses_runs_on_the_stream_and_pools(minilm_dir: Path) -> None:
+def _cpu_engine(minilm_dir: Path, io: dict[str, tuple[str, str]], max_batch_size: int = 8) -> tuple[Any, Any]:
+    """The engine with its backend bound to a stand-in TensorRT engine on the CPU; (engine, model io)."""
     torch = pytest.importorskip("torch")
     from sluice.engines import torch_device
-    from sluice.engines.text_embedding import TextEmbeddingTask, pad_batch
+    from sluice.engines.backends.arrays import TorchOps
+    from sluice.engines.backends.base import ModelFiles
+    from sluice.engines.tasks.base import TaskContext
 
-    engine = _engine(model="minilm-l6", max_batch_size=8)
+    engine = _engine(model="minilm-l6", max_batch_size=max_batch_size, max_length=64)
     fake_trt = SimpleNamespace(TensorIOMode=SimpleNamespace(INPUT="in", OUTPUT="out"),
                                DataType=SimpleNamespace(FLOAT="f32", INT64="i64", INT32="i32"))
-    io = {"input_ids": ("in", "i64"), "attention_mask": ("in", "i32"), "last_hidden_state": ("out", "f32")}
     names = list(io)
-    fake_engine = SimpleNamespace(num_io_tensors=3, get_tensor_name=names.__getitem__,
+    fake_engine = SimpleNamespace(num_io_tensors=len(names), get_tensor_name=names.__getitem__,
                                   get_tensor_mode=lambda n: io[n][0], get_tensor_dtype=lambda n: io[n][1])
-    engine._torch, engine.device = torch, torch.device("cpu")
-    engine._bind_io_names(fake_trt, fake_engine, "model.onnx")
-    assert engine._input_dtypes == {"input_ids": torch.int64, "attention_mask": torch.int32}
-    engine._embedding = TextEmbeddingTask(minilm_dir / "tokenizer.json", max_length=64)
-    engine._staging = torch_device.HostStaging(torch, engine.device)
-    engine._stream, engine._context = SimpleNamespace(cuda_stream=1234), _FakeContext()
+    backend = engine.backend
+    backend._torch, backend.device = torch, torch.device("cpu")
+    model_io = backend.bind_engine(fake_trt, torch, fake_engine)
+    backend._staging = torch_device.HostStaging(torch, backend.device)
+    backend.ops = TorchOps(torch, backend.device, backend._staging)
+    backend.profile = shape_profile(max_batch_size, 64)
+    backend.inference = torch.inference_mode  # the CUDA stream context is the one GPU-only part
+    engine.task = engine.task_type.create(engine.task_options, TaskContext(
+        engine="tensorrt", files=ModelFiles(directory=minilm_dir, model_path=minilm_dir), max_batch_size=max_batch_size))
+    return engine, model_io
+
+
+def test_infer_binds_shapes_and_addresses_runs_on_the_stream_and_pools(minilm_dir: Path) -> None:
+    torch = pytest.importorskip("torch")
+    from sluice.engines.tasks.text_inputs import pad_batch
+
+    engine, io = _cpu_engine(minilm_dir, {"input_ids": ("in", "i64"), "attention_mask": ("in", "i32"),
+                                          "last_hidden_state": ("out", "f32")})
+    assert engine.backend._input_dtypes == {"input_ids": torch.int64, "attention_mask": torch.int32}
+    assert [spec.dtype for spec in io.inputs] == [np.int64, np.int32]
+    engine.task.bind(io)
+    engine.backend._stream, engine.backend._context = SimpleNamespace(cuda_stream=1234), _FakeContext()
 
     items = engine.prepare(["a short one", "a somewhat longer text than the first", ""])
     got = np.asarray(engine.infer(items))  # (3, 4)
@@ -252,24 +269,19 @@ def test_infer_binds_shapes_and_addresses_runs_on_the_stream_and_pools(minilm_di
     mask = batch.attention_mask[:, :, None]
     want = (hidden * mask).sum(1) / mask.sum(1)
     np.testing.assert_allclose(got, want / np.linalg.norm(want, axis=1, keepdims=True), rtol=1e-6)
-    assert engine._context.shapes == {"input_ids": batch.input_ids.shape, "attention_mask": batch.input_ids.shape}
-    assert engine._context.streams == [1234]
+    assert engine.backend._context.shapes == {"input_ids": batch.input_ids.shape,
+                                              "attention_mask": batch.input_ids.shape}
+    assert engine.backend._context.streams == [1234]
     with pytest.raises(ValueError, match="outside the engine's profile"):
         engine.infer(engine.prepare(["x"] * 9))
 
 
-def test_a_model_with_other_inputs_or_outputs_fails_at_start() -> None:
-    torch = pytest.importorskip("torch")
-    engine = _engine(model="m")
-    engine._torch = torch
-    fake_trt = SimpleNamespace(TensorIOMode=SimpleNamespace(INPUT="in"), DataType=SimpleNamespace(FLOAT="f32"))
-    for io, fragment in [({"pixels": "in", "last_hidden_state": "out"}, "takes inputs ['pixels']"),
-                         ({"input_ids": "in", "logits": "out"}, "has outputs ['logits']")]:
-        names = list(io)
-        fake = SimpleNamespace(num_io_tensors=2, get_tensor_name=names.__getitem__, get_tensor_mode=io.__getitem__,
-                               get_tensor_dtype=lambda n: "f32")
+def test_a_model_with_other_inputs_or_outputs_fails_at_start(minilm_dir: Path) -> None:
+    for io, fragment in [({"pixels": ("in", "f32"), "last_hidden_state": ("out", "f32")}, "takes inputs ['pixels']"),
+                         ({"input_ids": ("in", "i64"), "logits": ("out", "f32")}, "has outputs ['logits']")]:
+        engine, model_io = _cpu_engine(minilm_dir, io)
         with pytest.raises(EngineStartError, match=re.escape(fragment)):
-            engine._bind_io_names(fake_trt, fake, "model.onnx")
+            engine.task.bind(model_io)
 
 
 # ------------------------------------------------------------------------------------------------- GPU
@@ -290,13 +302,14 @@ def test_tensorrt_embeddings_match_the_cpu_reference_and_the_engine_is_cached(mi
     want = np.asarray([v for s in range(0, 200, 32) for v in reference.infer(items[s : s + 32])])  # (200, 384)
     engine = _engine(model="minilm-l6", engine_cache_dir=str(tmp_path))
     engine.start()
-    assert engine.built and engine.plan_path is not None and engine.plan_path.parent == tmp_path
+    assert engine.backend.built and engine.backend.plan_path is not None
+    assert engine.backend.plan_path.parent == tmp_path
     got = np.asarray([v for s in range(0, 200, 32) for v in engine.infer(items[s : s + 32])])
     cosines = (got * want).sum(axis=1)
     assert cosines.min() >= 0.999, f"worst cosine {cosines.min():.5f}"
     again = _engine(model="minilm-l6", engine_cache_dir=str(tmp_path))
     again.start()
-    assert not again.built and again.plan_path == engine.plan_path
+    assert not again.backend.built and again.backend.plan_path == engine.backend.plan_path
     np.testing.assert_allclose(again.infer(items[:4]), got[:4], atol=1e-4)
 
 

@@ -1,0 +1,102 @@
+"""The batch engine every model engine is: a task (what the data means) run on a backend (where it runs).
+
+The ``onnx``, ``torch`` and ``tensorrt`` engine types differ only in their backend
+(:mod:`sluice.engines.backends`); the task (:mod:`sluice.engines.tasks`) is chosen by ``engine.task``.
+
+Start, in this order, so a wrong pipeline fails before anything slow happens::
+
+    files = backend.locate()            # the model exists
+    task = task_type.create(...)        # tokenizer, labels, pooling config: one-line errors
+    io = backend.open(request)          # export / build / load (may take long)
+    task.bind(io)                       # the model's inputs and outputs fit the task
+    warm-up: batch 1 and the largest batch, so the first records pay no set-up
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sluice.engines.backends.base import Backend, LoadRequest
+from sluice.engines.base import BatchEngine, EngineContext, EngineStartError, first_line
+from sluice.engines.tasks import registry
+from sluice.engines.tasks.base import Task, TaskContext, TaskOptions, TaskType
+from sluice.engines.tasks.engine_options import EngineTaskOptions
+
+WARMUP_MAX_BATCH = 64
+
+
+class TaskEngine(BatchEngine):
+    """A :class:`BatchEngine` over one task and one backend; see the module docstring."""
+
+    def __init__(self, engine: str, options: EngineTaskOptions, backend: Backend, context: EngineContext) -> None:
+        self.engine_name = engine
+        self.options = options  # the engine's options: the backend's, ``task`` and the task's
+        self.task_type: TaskType = registry.lookup(options.task)
+        self.task_options: TaskOptions = options.task_options()
+        self.backend = backend
+        self.context = context
+        self.warmup = options.warmup
+        self.task: Task | None = None  # after start()
+
+    # ------------------------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        files = self.backend.locate()
+        task = self.task_type.create(self.task_options, TaskContext(engine=self.engine_name, files=files,
+                                                                    max_batch_size=self.context.max_batch_size))
+        io = self.backend.open(LoadRequest(model_class=task.model_class, model_dir=task.model_dir,
+                                           max_tokens=task.max_tokens, max_batch_size=self.context.max_batch_size))
+        task.bind(io)
+        self.task = task
+        if self.warmup:
+            self._warm_up(task)
+
+    def close(self) -> None:
+        self.backend.close()
+
+    def result_schema(self) -> dict[str, Any] | None:
+        return self.task.result_schema() if self.task is not None else None
+
+    # -------------------------------------------------------------------------------- per record
+
+    def prepare(self, values: Sequence[Any]) -> list[Any]:
+        if self.task is None:
+            raise RuntimeError(f"engine {self.engine_name}: prepare called before start()")
+        return self.task.prepare(values)
+
+    def item_length(self, item: Any) -> int:
+        return self.task.item_length(item) if self.task is not None else 1
+
+    def infer(self, items: Sequence[Any]) -> list[Any]:
+        if not items:
+            return []
+        task = self.task
+        if task is None:
+            raise RuntimeError(f"engine {self.engine_name}: infer called before start()")
+        backend = self.backend
+        with backend.inference():  # post-processing on device outputs belongs to the same pass
+            runs = task.collate(items)
+            if len(runs) == 1:  # the common case: one run serves the whole batch, in order
+                (run,) = runs
+                return task.postprocess(run, backend.run(run.feeds, run.output_names), backend.ops)
+            results: list[Any] = [None] * len(items)
+            for run in runs:
+                outputs = backend.run(run.feeds, run.output_names)
+                for index, result in zip(run.rows, task.postprocess(run, outputs, backend.ops), strict=True):
+                    results[index] = result
+            return results
+
+    # ------------------------------------------------------------------------------------ internals
+
+    def _warm_up(self, task: Task) -> None:
+        """Run the model at batch 1 and at the largest batch, so the first records pay no set-up."""
+        num_large = max(1, min(self.context.max_batch_size, WARMUP_MAX_BATCH))
+        try:
+            for size in sorted({1, num_large}):
+                self.infer(task.warmup_items(size))
+        except EngineStartError:
+            raise
+        except Exception as err:
+            raise EngineStartError(f"engine {self.engine_name}: warm-up run of the model failed: "
+                                   f"{first_line(err)}") from None
