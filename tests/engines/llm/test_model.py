@@ -8,7 +8,12 @@ import numpy as np
 import pytest
 import torch
 
-from sluice.engines.llm.attention import AttentionMetadata, plan_cpu_attention, store_and_attend
+from sluice.engines.llm.attention import (
+    AttentionMetadata,
+    AttentionParams,
+    plan_cpu_attention,
+    store_and_attend,
+)
 from sluice.engines.llm.kernels import reference
 from sluice.engines.llm.weights import unpermute_rotary_rows
 
@@ -50,7 +55,7 @@ def test_cpu_paged_attention_matches_the_reference(planned_group: int) -> None:
     expected = reference.paged_attention(
         q, ref_k, ref_v, meta.block_tables, meta.query_start_loc, meta.seq_lens, head_dim**-0.5
     )
-    got = store_and_attend(q, k, v, k_cache, v_cache, meta, head_dim**-0.5)
+    got = store_and_attend(q, k, v, k_cache, v_cache, meta, AttentionParams(head_dim**-0.5))
     assert torch.equal(k_cache, ref_k) and torch.equal(v_cache, ref_v)
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
