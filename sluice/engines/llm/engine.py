@@ -112,8 +112,8 @@ class LLM:
         model_config, tensors = load_weights(path, reader)
         self.model_config = model_config
         self.max_model_len = min(
-            self.config.max_model_len or model_config.max_position_embeddings,
-            model_config.max_position_embeddings,
+            self.config.max_model_len or model_config.max_context_len,
+            model_config.max_context_len,
         )
         self.runner = ModelRunner(model_config, tensors, self.config, self.max_model_len)
         del tensors
@@ -132,7 +132,8 @@ class LLM:
             if c.num_speculative_tokens else None
         )  # fmt: skip
         self.scheduler = Scheduler(
-            self.kv, c.max_num_seqs, c.max_num_batched_tokens, max_model_len=self.max_model_len, drafter=self.drafter
+            self.kv, c.max_num_seqs, c.max_num_batched_tokens, max_model_len=self.max_model_len, drafter=self.drafter,
+            recompute_past_len=self.runner.long_rope_switch_len,
         )
         self._eos_ids = frozenset(model_config.eos_token_ids)
         self._trackers: dict[str, _Tracker] = {}
