@@ -87,7 +87,7 @@ def _byte_level_bpe(tokens: list[str], merges: list[str], pre: str) -> Tokenizer
         )
     regex, digits, nfc, ignore_merges = _BPE_PRE[pre]
     vocab = {t: i for i, t in enumerate(tokens)}
-    pairs = [tuple(m.split(" ", 1)) for m in merges]
+    pairs = [(left, right) for left, right in (m.split(" ", 1) for m in merges)]
     tok = Tokenizer(models.BPE(vocab=vocab, merges=pairs, fuse_unk=False, byte_fallback=False,
                                ignore_merges=ignore_merges))  # fmt: skip
     if regex is None:

@@ -97,8 +97,8 @@ def save_random_model(
 ) -> Path:
     """Write a random HF checkpoint of ``preset`` (plus ``overrides`` of its config) to ``path``; return it.
 
-    ``weight_std``: redraw every matrix from N(0, std), every norm weight around its identity value and every
-    bias from N(0, std / 2) (None keeps transformers' initialisation, std 0.02). Deterministic per ``seed``.
+    ``weight_std``: redraw every matrix from N(0, std), every norm's scale from U(1, 3) and every bias from
+    N(0, std / 2) (None keeps transformers' initialisation, std 0.02). Deterministic per ``seed``.
     """
     from transformers import AutoModelForCausalLM
 
@@ -116,12 +116,15 @@ def save_random_model(
 
 @torch.no_grad()
 def _rescale(model: torch.nn.Module, std: float) -> None:
-    # Gemma's norms compute (1 + w) and start at w = 0; the others compute w and start at 1.
     for name, p in model.named_parameters():
         if p.dim() >= 2:
             p.normal_(0.0, std)
         elif "norm" in name:
-            p.copy_(p.mean() + torch.randn_like(p) * 0.1)
+            # Scales drawn from U(1, 3): larger than the identity, so that with Gemma's post-norms the blocks
+            # outweigh the (scaled, tied) embedding in the residual and a tied head does not just echo the input.
+            # Gemma's norms multiply by (1 + w) and start at w = 0; the others by w, starting at 1.
+            identity = p.mean()
+            p.copy_(torch.rand_like(p) * 2 + identity)
         else:
             p.normal_(0.0, std / 2)
 
