@@ -88,8 +88,14 @@ def save_sentencepiece_tokenizer(path: Path, style: str, vocab_size: int = 400) 
               "add_bos_token": True, "legacy": False}  # fmt: skip
     (path / "tokenizer_config.json").write_text(json.dumps(config))
     tok = AutoTokenizer.from_pretrained(path)
+    tok.add_tokens(pieces, special_tokens=True)  # chat markers are special tokens, as in the families' files
     tok.chat_template = template
     tok.save_pretrained(path)
+    # Hub tokenizer configs list the added tokens; llama.cpp's SentencePiece converters read their types here.
+    added = json.loads((path / "tokenizer.json").read_text())["added_tokens"]
+    config = json.loads((path / "tokenizer_config.json").read_text())
+    config["added_tokens_decoder"] = {str(t["id"]): {k: v for k, v in t.items() if k != "id"} for t in added}
+    (path / "tokenizer_config.json").write_text(json.dumps(config, indent=1))
     return int(spm.SentencePieceProcessor(model_proto=model.getvalue()).vocab_size())
 
 

@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 
 from sluice.engines.llm.config import EngineConfig
+from sluice.engines.llm.gguf_file import GGUFFile
 from sluice.engines.llm.kv_cache import KVCacheManager
 from sluice.engines.llm.model_runner import ModelRunner, SampledToken
 from sluice.engines.llm.request import Request, RequestStatus, SamplingParams
@@ -309,10 +310,8 @@ def _find_stop(tracker: _Tracker, stops: tuple[str, ...], delta_len: int) -> boo
     return True
 
 
-def _open_gguf(path: Path) -> object:
-    from gguf import GGUFReader
-
-    return GGUFReader(str(path))
+def _open_gguf(path: Path) -> GGUFFile:
+    return GGUFFile(path)
 
 
 def _resolve(model: str | Path) -> Path:

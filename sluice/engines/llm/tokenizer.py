@@ -20,6 +20,7 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
+from sluice.engines.llm.gguf_file import GGUFFile
 from sluice.engines.llm.gguf_tokenizer import tokenizer_from_gguf
 
 
@@ -84,17 +85,10 @@ class ChatTokenizer:
                    special_tokens=specials)  # fmt: skip
 
     @classmethod
-    def from_gguf(cls, path: Path, reader: Any = None) -> ChatTokenizer:
-        """``reader``: an already opened ``gguf.GGUFReader`` of ``path`` (parsing one takes seconds)."""
-        from gguf import GGUFReader
-
-        reader = reader if reader is not None else GGUFReader(str(path))
-
-        def field(key: str, default: Any = None) -> Any:
-            f = reader.fields.get(key)
-            return default if f is None else f.contents()
-
-        tok, settings = tokenizer_from_gguf(field)
+    def from_gguf(cls, path: Path, file: GGUFFile | None = None) -> ChatTokenizer:
+        """``file``: ``path`` already opened (its weights are read from the same parse)."""
+        file = file if file is not None else GGUFFile(path)
+        tok, settings = tokenizer_from_gguf(file.get)
         return cls(tok, settings["chat_template"], settings["bos_token"], settings["eos_token"],
                    add_bos=settings["add_bos"], add_eos=settings["add_eos"])  # fmt: skip
 

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from sluice.engines.llm.config import ModelConfig
+from sluice.engines.llm.gguf_file import GGUFFile
 from sluice.engines.llm.models.common import GGUFMetadata, ModelFamily
 from sluice.engines.llm.models.registry import family_for_gguf, family_for_hf
 
@@ -50,15 +51,15 @@ def find_gguf(path: str | Path) -> Path | None:
     return None
 
 
-def load_weights(path: str | Path, gguf_reader: Any = None) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+def load_weights(path: str | Path, gguf_file: GGUFFile | None = None) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     """Load a ``.gguf`` file or a directory holding ``config.json`` and ``*.safetensors``.
 
-    ``gguf_reader``: an already opened ``gguf.GGUFReader`` of that file (parsing one takes seconds).
+    ``gguf_file``: that file already opened (its tokenizer is read from the same parse).
     """
     path = Path(path)
     gguf = find_gguf(path)
     if gguf is not None:
-        return load_gguf(gguf, gguf_reader)
+        return load_gguf(gguf, gguf_file)
     if path.is_dir() and (path / "config.json").is_file():
         return load_safetensors_dir(path)
     raise ValueError(f"{path} is neither a .gguf file nor a directory with config.json and *.safetensors")
@@ -128,8 +129,8 @@ def fuse(family: ModelFamily, tensors: dict[str, torch.Tensor]) -> dict[str, tor
 # ---------------------------------------------------------------- GGUF
 
 
-def model_config_from_gguf(reader: Any) -> ModelConfig:
-    meta = GGUFMetadata(reader)
+def model_config_from_gguf(file: GGUFFile) -> ModelConfig:
+    meta = GGUFMetadata(file)
     config_from_gguf = family_for_gguf(meta.arch).config_from_gguf
     assert config_from_gguf is not None  # family_for_gguf returns only families with a parser
     return config_from_gguf(meta)
@@ -145,21 +146,17 @@ def unpermute_rotary_rows(w: np.ndarray, num_heads: int) -> np.ndarray:
     return w.reshape(num_heads, head_dim // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def load_gguf(path: Path, reader: Any = None) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
-    from gguf import GGUFReader
-    from gguf.quants import dequantize
-
-    reader = reader if reader is not None else GGUFReader(str(path))
-    meta = GGUFMetadata(reader)
+def load_gguf(path: Path, file: GGUFFile | None = None) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    file = file if file is not None else GGUFFile(path)
+    meta = GGUFMetadata(file)
     family = family_for_gguf(meta.arch)
-    config = model_config_from_gguf(reader)
+    config = model_config_from_gguf(file)
     layer_names = family.weights.gguf_layer_names
     tensors: dict[str, torch.Tensor] = {}
-    for t in reader.tensors:
+    for t in file.tensors:
         if t.name in _GGUF_CONFIG_ONLY:
             continue
-        shape = tuple(int(d) for d in reversed(t.shape))  # GGUF lists dims innermost first
-        array = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32).reshape(shape)
+        array = t.to_float32()
         if not array.flags.writeable or not array.flags.c_contiguous:  # F32 tensors are views of the file
             array = np.array(array, dtype=np.float32, order="C", copy=True)
         if t.name in _GGUF_NAMES:

@@ -19,6 +19,7 @@ import numpy as np
 from torch import nn
 
 from sluice.engines.llm.config import ModelConfig, RopeConfig
+from sluice.engines.llm.gguf_file import GGUFFile
 
 PACKED_QKV_GATE_UP: Mapping[str, tuple[str, ...]] = {
     "qkv_proj": ("q_proj", "k_proj", "v_proj"),
@@ -71,16 +72,15 @@ class ModelFamily:
 
 
 class GGUFMetadata:
-    """Typed access to a ``gguf.GGUFReader``'s key/values and small tensors, per architecture."""
+    """Typed access to a GGUF file's key/values and small tensors, per architecture."""
 
-    def __init__(self, reader: Any) -> None:
-        self.reader = reader
-        self.arch = str(self.get("general.architecture", ""))
-        self.tensor_names = {t.name for t in reader.tensors}
+    def __init__(self, file: GGUFFile) -> None:
+        self.file = file
+        self.arch = str(file.get("general.architecture", ""))
+        self.tensor_names = {t.name for t in file.tensors}
 
     def get(self, key: str, default: Any = None) -> Any:
-        f = self.reader.fields.get(key)
-        return default if f is None else f.contents()
+        return self.file.get(key, default)
 
     def arch_get(self, suffix: str, default: Any = None) -> Any:
         """``<arch>.<suffix>``, e.g. ``arch_get("block_count")``."""
@@ -93,13 +93,14 @@ class GGUFMetadata:
         return value
 
     def tensor(self, name: str) -> np.ndarray | None:
-        """A small (unquantised) tensor's values as float32, e.g. ``rope_freqs.weight``; None if absent."""
-        for t in self.reader.tensors:
+        """A tensor's values as float32, flattened (``rope_freqs.weight``...); None if absent."""
+        for t in self.file.tensors:
             if t.name == name:
-                from gguf.quants import dequantize
-
-                return np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32).reshape(-1)
+                return t.to_float32().reshape(-1)
         return None
+
+    def tensor_shape(self, name: str) -> tuple[int, ...] | None:
+        return next((t.shape for t in self.file.tensors if t.name == name), None)
 
 
 def eos_ids(value: Any) -> tuple[int, ...]:
@@ -188,9 +189,10 @@ def gguf_base(meta: GGUFMetadata, architecture: str) -> dict[str, Any]:
     """The fields every family reads the same way from GGUF metadata, as ``ModelConfig`` keyword arguments."""
     hidden = int(meta.require("embedding_length"))
     num_heads = int(meta.require("attention.head_count"))
-    vocab = meta.arch_get("vocab_size") or len(meta.reader.fields["tokenizer.ggml.tokens"].data)
-    if "token_embd.weight" in meta.tensor_names:  # the converter may drop padding rows (Gemma 3)
-        vocab = next(int(t.shape[-1]) for t in meta.reader.tensors if t.name == "token_embd.weight")
+    vocab = meta.arch_get("vocab_size") or len(meta.get("tokenizer.ggml.tokens", ()))
+    embedding = meta.tensor_shape("token_embd.weight")
+    if embedding is not None:  # the converter may drop padding rows (Gemma 3)
+        vocab = embedding[0]
     head_dim = meta.arch_get("attention.key_length") or hidden // num_heads
     num_kv_heads = meta.arch_get("attention.head_count_kv", num_heads)
     if isinstance(num_kv_heads, list):  # per-layer counts; the engine needs them equal
