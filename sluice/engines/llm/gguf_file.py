@@ -36,9 +36,11 @@ class GGUFTensor:
         """The values as a float32 array of ``shape`` (dequantised; a copy unless the file holds F32)."""
         if self.tensor_type in _DIRECT:
             return np.asarray(self.data, dtype=np.float32).reshape(self.shape)
+        from gguf.constants import GGMLQuantizationType
         from gguf.quants import dequantize
 
-        return np.asarray(dequantize(self.data, self.tensor_type), dtype=np.float32).reshape(self.shape)
+        values = dequantize(self.data, GGMLQuantizationType(self.tensor_type))
+        return np.asarray(values, dtype=np.float32).reshape(self.shape)
 
 
 class GGUFFile:
