@@ -53,13 +53,14 @@ def inverse_frequencies(rope: RopeConfig, head_dim: int, long: bool = False) -> 
 
 
 def dynamic_inverse_frequencies(rope: RopeConfig, head_dim: int, max_position_embeddings: int,
-                                seq_lens: torch.Tensor) -> torch.Tensor:  # fmt: skip
-    """Dynamic NTK: inverse frequencies for each sequence length in ``seq_lens`` (n,) int64 -> (n, dim // 2).
+                                seq_len: int) -> torch.Tensor:  # fmt: skip
+    """Dynamic NTK: inverse frequencies (dim // 2,) for a forward pass whose longest sequence is ``seq_len``.
 
-    HF passes the length as an int64 tensor (``max(position_ids) + 1``), so the base is computed in fp32.
+    HF passes the length as a 0-d int64 tensor (``max(position_ids) + 1``), so the base is computed in fp32
+    with 0-d tensor arithmetic; the same shapes here give the same bits (a batched pow may round otherwise).
     """
     dim = rope.rotary_dim(head_dim)
-    seq = torch.maximum(seq_lens, torch.tensor(max_position_embeddings, dtype=seq_lens.dtype)).unsqueeze(1)
+    seq = torch.maximum(torch.tensor(seq_len), torch.tensor(max_position_embeddings))
     factor = rope.factor
     base = rope.theta * ((factor * seq / max_position_embeddings) - (factor - 1)) ** (dim / (dim - 2))
     return 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
@@ -137,10 +138,9 @@ def rope_tables(rope: RopeConfig, head_dim: int, max_position_embeddings: int,
         return torch.cat([tables[0][0], tables[1][0]]), torch.cat([tables[0][1], tables[1][1]])
     inv_freq, factor = inverse_frequencies(rope, head_dim)
     freqs = positions * inv_freq.unsqueeze(0)  # (max_len, dim // 2)
-    if rope.scaling == "dynamic" and max_len > max_position_embeddings:
-        past = torch.arange(max_position_embeddings, max_len, dtype=torch.int64)
-        per_row = dynamic_inverse_frequencies(rope, head_dim, max_position_embeddings, past + 1)
-        freqs[max_position_embeddings:] = past.float().unsqueeze(1) * per_row
+    if rope.scaling == "dynamic":  # rows past the trained length: each with the base of its own length
+        for p in range(max_position_embeddings, max_len):
+            freqs[p] = p * dynamic_inverse_frequencies(rope, head_dim, max_position_embeddings, p + 1)
     return _cos_sin(freqs, factor)
 
 

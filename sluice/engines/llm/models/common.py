@@ -109,8 +109,10 @@ def eos_ids(value: Any) -> tuple[int, ...]:
     return tuple(int(v) for v in value) if isinstance(value, (list, tuple)) else (int(value),)
 
 
-def hf_base(cfg: dict[str, Any], architecture: str) -> dict[str, Any]:
-    """The fields every family reads the same way from a HF config, as ``ModelConfig`` keyword arguments."""
+def hf_base(cfg: dict[str, Any], architecture: str, **defaults: Any) -> dict[str, Any]:
+    """The fields every family reads the same way from a HF config, as ``ModelConfig`` keyword arguments;
+    ``defaults``: the family's HF config-class defaults for keys a config may omit."""
+    cfg = {"rms_norm_eps": 1e-6, "max_position_embeddings": 2048, **defaults, **cfg}
     num_heads = int(cfg["num_attention_heads"])
     return dict(
         architecture=architecture,
@@ -121,8 +123,8 @@ def hf_base(cfg: dict[str, Any], architecture: str) -> dict[str, Any]:
         num_heads=num_heads,
         num_kv_heads=int(cfg.get("num_key_value_heads") or num_heads),
         head_dim=int(cfg.get("head_dim") or int(cfg["hidden_size"]) // num_heads),
-        rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-        max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
+        rms_norm_eps=float(cfg["rms_norm_eps"]),
+        max_position_embeddings=int(cfg["max_position_embeddings"]),
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         bos_token_id=cfg.get("bos_token_id"),
         eos_token_ids=eos_ids(cfg.get("eos_token_id")),

@@ -71,10 +71,10 @@ def hf_activation(cfg: dict[str, Any]) -> str:
     return HF_ACTIVATIONS[name]
 
 
-def hf_gemma_base(cfg: dict[str, Any], architecture: str) -> dict[str, Any]:
+def hf_gemma_base(cfg: dict[str, Any], architecture: str, max_position_embeddings: int) -> dict[str, Any]:
     """What Gemma 2 and 3 read alike, with HF's config-class defaults for the keys a config omits."""
-    cfg = {"head_dim": 256, "rms_norm_eps": 1e-6, "tie_word_embeddings": True, **cfg}
-    base = hf_base(cfg, architecture)
+    cfg = {"head_dim": 256, "tie_word_embeddings": True, **cfg}
+    base = hf_base(cfg, architecture, max_position_embeddings=max_position_embeddings)
     bias = bool(cfg.get("attention_bias", False))
     if cfg.get("use_bidirectional_attention"):
         raise ValueError("bidirectional Gemma (an embedding model) is not a causal LM; use an encoder engine")
@@ -86,7 +86,7 @@ def hf_gemma_base(cfg: dict[str, Any], architecture: str) -> dict[str, Any]:
 
 
 def config_from_hf(cfg: dict[str, Any]) -> ModelConfig:
-    base = hf_gemma_base(cfg, "gemma2")
+    base = hf_gemma_base(cfg, "gemma2", max_position_embeddings=8192)
     windows = hf_sliding_windows(cfg, base["num_layers"], cfg.get("sliding_window", 4096), lambda i: i % 2 == 0)
     return ModelConfig(
         **base, rope=hf_rope(cfg), sliding_windows=windows,

@@ -46,7 +46,7 @@ def hf_ropes(cfg: dict[str, Any]) -> tuple[RopeConfig, RopeConfig]:
 
 def config_from_hf(cfg: dict[str, Any]) -> ModelConfig:
     cfg = text_config(cfg)
-    base = hf_gemma_base(cfg, "gemma3")
+    base = hf_gemma_base(cfg, "gemma3", max_position_embeddings=131072)
     pattern = int(cfg.get("sliding_window_pattern") or DEFAULT_PATTERN)
     windows = hf_sliding_windows(cfg, base["num_layers"], cfg.get("sliding_window", 4096),
                                  lambda i: (i + 1) % pattern != 0)  # fmt: skip

@@ -16,7 +16,7 @@ from sluice.engines.llm.models.llama import LlamaDecoderLayer
 
 
 def config_from_hf(cfg: dict[str, Any]) -> ModelConfig:
-    base = hf_base(cfg, "mistral")
+    base = hf_base(cfg, "mistral", max_position_embeddings=4096 * 32)
     windows = hf_sliding_windows(cfg, base["num_layers"], cfg.get("sliding_window"), lambda _layer: True)
     return ModelConfig(**base, rope=hf_rope(cfg), sliding_windows=windows)
 

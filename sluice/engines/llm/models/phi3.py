@@ -28,7 +28,7 @@ from sluice.engines.llm.models.llama import LlamaDecoderLayer
 
 
 def config_from_hf(cfg: dict[str, Any]) -> ModelConfig:
-    base = hf_base(cfg, "phi3")
+    base = hf_base(cfg, "phi3", rms_norm_eps=1e-5, max_position_embeddings=4096)
     params = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
     if params.get("rope_type", params.get("type")) in ("su", "yarn"):  # HF's Phi3Config maps both to longrope
         params["rope_type"] = "longrope"

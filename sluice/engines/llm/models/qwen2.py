@@ -30,7 +30,7 @@ def hf_qwen_windows(cfg: dict[str, Any], num_layers: int) -> tuple[int | None, .
 
 
 def config_from_hf(cfg: dict[str, Any]) -> ModelConfig:
-    base = hf_base(cfg, "qwen2")
+    base = hf_base(cfg, "qwen2", max_position_embeddings=32768)
     return ModelConfig(**base, rope=hf_rope(cfg), qkv_bias=True,
                        sliding_windows=hf_qwen_windows(cfg, base["num_layers"]))  # fmt: skip
 

@@ -17,7 +17,7 @@ from sluice.engines.llm.models.qwen2 import hf_qwen_windows
 
 
 def config_from_hf(cfg: dict[str, Any]) -> ModelConfig:
-    base = hf_base(cfg, "qwen3")
+    base = hf_base(cfg, "qwen3", max_position_embeddings=32768)
     bias = bool(cfg.get("attention_bias", False))
     return ModelConfig(**base, rope=hf_rope(cfg), qk_norm=True, qkv_bias=bias, o_bias=bias,
                        sliding_windows=hf_qwen_windows(cfg, base["num_layers"]))  # fmt: skip
