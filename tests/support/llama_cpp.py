@@ -1,9 +1,9 @@
 """llama.cpp's own HF -> GGUF converter, fetched from the package index once and cached, for GGUF tests.
 
 The converter (``convert_hf_to_gguf.py``, its ``conversion/`` package and its ``gguf-py``) is vendored in the
-``llama-cpp-python`` source distribution. :func:`converter_dir` downloads that sdist with ``pip download``
-into ``<model cache>/tools/`` (``$SLUICE_CACHE_DIR`` or the user cache dir, kept between CI runs), extracts
-only the converter's files, and returns their directory; later calls return at once. :func:`convert` runs it
+``llama-cpp-python`` source distribution. :func:`converter_dir` downloads that sdist once into the model
+cache's ``tools/`` (:mod:`tests.support.pip_files`), extracts only the converter's files, and returns their
+directory. :func:`convert` runs it
 on a HF directory in a child process (it needs ``torch``, ``transformers``, ``numpy``, ``sentencepiece``).
 
 Using the independent writer matters: a GGUF written by our own code would only test the loader against
@@ -16,44 +16,28 @@ import os
 import subprocess
 import sys
 import tarfile
-import tempfile
 from pathlib import Path
 
-from sluice.models.fetch import default_cache_dir
+from tests.support.pip_files import cached_package_files
 
 PACKAGE, VERSION = "llama-cpp-python", "0.3.36"
 _ROOT = f"llama_cpp_python-{VERSION}/vendor/llama.cpp/"
 _MEMBERS = ("convert_hf_to_gguf.py", "conversion/", "gguf-py/")
-_MARKER = ".sluice-ready"
 
 
 def converter_dir(cache_dir: Path | None = None) -> Path:
     """Directory holding ``convert_hf_to_gguf.py`` (fetched on first use; atomic, so never half-written)."""
-    target = (cache_dir or default_cache_dir()) / "tools" / f"llama.cpp-converter-{VERSION}"
-    if (target / _MARKER).is_file():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        proc = subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "--quiet",
-             f"{PACKAGE}=={VERSION}", "-d", tmp],
-            capture_output=True, text=True, timeout=600,
-        )  # fmt: skip
-        if proc.returncode != 0:
-            raise RuntimeError(f"pip download {PACKAGE}=={VERSION} failed: {proc.stderr.strip()[-500:]}")
-        sdist = next(Path(tmp).glob("*.tar.gz"))
-        staging = Path(tmp) / "converter"
+
+    def extract(sdist: Path, staging: Path) -> None:
         with tarfile.open(sdist) as tar:
             for member in tar.getmembers():
                 rel = member.name.removeprefix(_ROOT)
                 if member.name.startswith(_ROOT) and rel.startswith(_MEMBERS) and (member.isfile() or member.isdir()):
                     member.name = rel
                     tar.extract(member, staging, filter="data")
-        (staging / _MARKER).write_text(f"{PACKAGE}=={VERSION}\n")
-        if target.exists():  # a concurrent fetch finished first
-            return target
-        staging.rename(target)
-    return target
+
+    return cached_package_files(f"llama.cpp-converter-{VERSION}", f"{PACKAGE}=={VERSION}", extract, source=True,
+                                cache_dir=cache_dir)  # fmt: skip
 
 
 # Runs the converter once per job in one child process: torch, transformers and the converter's modules are

@@ -15,13 +15,15 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(hidden_size))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., hidden) -> same
+    def normalized(self, x: torch.Tensor) -> torch.Tensor:  # (..., hidden) -> same, fp32
         h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(x.dtype)
+        return h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., hidden) -> same
+        return self.weight * self.normalized(x).to(x.dtype)
 
 
-class GemmaRMSNorm(nn.Module):
+class GemmaRMSNorm(RMSNorm):
     """Gemma 2 / 3: normalise and scale by ``1 + w`` in fp32, then cast.
 
     ``weight`` holds ``1 + w`` already (computed in fp32 at load time: HF checkpoints store ``w``, llama.cpp's
@@ -31,15 +33,8 @@ class GemmaRMSNorm(nn.Module):
 
     FP32_PARAMS = ("weight",)
 
-    def __init__(self, hidden_size: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(hidden_size))
-        self.eps = eps
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., hidden) -> same
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (h * self.weight).to(x.dtype)
+        return (self.normalized(x) * self.weight).to(x.dtype)
 
 
 def make_norm(size: int, eps: float, gemma: bool) -> nn.Module:
