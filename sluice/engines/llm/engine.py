@@ -96,7 +96,8 @@ class _Tracker:
 
 
 class LLM:
-    """Load a Llama-family model (GGUF file, HF safetensors directory, or a known model name) and serve it.
+    """Load a model of a supported family (GGUF file, HF safetensors directory, or a known model name; see
+    ``models/registry.py``) and serve it.
 
     ``options`` are the fields of :class:`EngineConfig` (``max_num_seqs``, ``max_num_batched_tokens``,
     ``block_size``, ``enable_prefix_caching``, ``kv_cache_memory_bytes``, ``dtype``, ``device``,

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,7 @@ import torch
 
 from sluice.engines.llm.config import ModelConfig
 from sluice.engines.llm.gguf_file import GGUFFile
-from sluice.engines.llm.models.common import GGUFMetadata, ModelFamily
+from sluice.engines.llm.models.common import GGUFMetadata, ModelFamily, eos_ids
 from sluice.engines.llm.models.registry import family_for_gguf, family_for_hf
 
 _GGUF_NAMES = {
@@ -79,6 +80,10 @@ def load_safetensors_dir(path: Path) -> tuple[ModelConfig, dict[str, torch.Tenso
     raw = json.loads((path / "config.json").read_text())
     family = family_for_hf(raw)
     config = family.config_from_hf(raw)
+    if (path / "generation_config.json").is_file():  # HF generate stops on these too (Gemma's <end_of_turn>)
+        generation = json.loads((path / "generation_config.json").read_text())
+        eos = tuple(dict.fromkeys((*config.eos_token_ids, *eos_ids(generation.get("eos_token_id")))))
+        config = replace(config, eos_token_ids=eos)
     files = sorted(path.glob("*.safetensors"))
     if not files:
         raise ValueError(f"no *.safetensors files in {path}")

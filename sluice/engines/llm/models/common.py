@@ -214,8 +214,12 @@ def gguf_base(meta: GGUFMetadata, architecture: str) -> dict[str, Any]:
         max_position_embeddings=int(meta.arch_get("context_length", 2048)),
         tie_word_embeddings="output.weight" not in meta.tensor_names,
         bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
-        eos_token_ids=eos_ids(meta.get("tokenizer.ggml.eos_token_id")),
-    )
+        # end of text, and of a turn or a message (Gemma's <end_of_turn>, Llama 3's <|eot_id|>)
+        eos_token_ids=tuple(dict.fromkeys(
+            i for key in ("eos_token_id", "eot_token_id", "eom_token_id")
+            for i in eos_ids(meta.get(f"tokenizer.ggml.{key}"))
+        )),
+    )  # fmt: skip
 
 
 def gguf_rope(meta: GGUFMetadata, head_dim: int, theta_key: str = "rope.freq_base",

@@ -120,3 +120,12 @@ def test_gemma3_multimodal_checkpoint_runs_its_text_model(tmp_path: Path) -> Non
     assert llm.model_config.architecture == "gemma3"
     outputs = llm.generate(prompts, SamplingParams(max_tokens=20, ignore_eos=True))
     assert [o.token_ids for o in outputs] == expected
+
+
+def test_a_hf_directory_stops_on_its_generation_config_eos_too(tmp_path: Path) -> None:
+    """Gemma's chat models end a turn with <end_of_turn>, listed only in generation_config.json."""
+    from sluice.engines.llm.weights import load_weights
+
+    path = save_random_model(tmp_path, "tiny-gemma2", vocab_size=300, eos_token_id=1)
+    (path / "generation_config.json").write_text(json.dumps({"eos_token_id": [1, 107]}))
+    assert load_weights(path)[0].eos_token_ids == (1, 107)
