@@ -11,8 +11,8 @@ checkpoints, partial rotary and LongRoPE switching at 32 tokens plus a 24-token 
 
 Sluice must produce exactly HF's tokens with each scheduling feature off, with each on alone and with all
 on together: prefix caching (a second run served from the cache), chunked prefill (16-token steps),
-preemption (a KV pool too small for the batch) and speculative decoding (prompt-lookup drafts). Each run
-also asserts that its feature really happened.
+preemption (a KV pool too small for the batch) and speculative decoding (prompt-lookup drafts); and through
+the attention path CUDA takes (its torch fallback here). Each run also asserts that its feature happened.
 """
 
 from __future__ import annotations
@@ -37,6 +37,8 @@ FEATURES: dict[str, dict[str, Any]] = {
     "chunked_prefill": {**OFF, "max_num_batched_tokens": 16},
     "preemption": {**OFF, "kv_blocks": PREEMPTION_BLOCKS},
     "speculation": {**OFF, "num_speculative_tokens": 3, "speculative_adaptive": False},
+    # the attention path CUDA takes (padded block tables, kernels.paged_attention), here its torch ops
+    "kernel_path": {**OFF, "cpu_plan": False},
     "all": dict(enable_prefix_caching=True, max_num_batched_tokens=16, kv_blocks=PREEMPTION_BLOCKS,
                 num_speculative_tokens=3, speculative_adaptive=False),
 }  # fmt: skip
@@ -45,12 +47,15 @@ SOURCES = [(f, "hf") for f in FAMILIES] + [(f, "gguf") for f in GGUF_FAMILIES]
 
 def _engine(path: Path, options: dict[str, Any]) -> LLM:
     options = dict(options)
+    cpu_plan = options.pop("cpu_plan", True)
     blocks = options.pop("kv_blocks", None)
     if blocks is not None:
         cfg = load_weights(path)[0]
         bytes_per_block = 2 * cfg.num_layers * 16 * cfg.num_kv_heads * cfg.head_dim * 4  # fp32, block size 16
         options["kv_cache_memory_bytes"] = blocks * bytes_per_block
-    return LLM(path, **options)
+    llm = LLM(path, **options)
+    llm.runner.use_cpu_attention_plan = cpu_plan
+    return llm
 
 
 def _check_greedy(llm: LLM, prompts: list[list[int]], expected: list[list[int]], feature: str) -> None:
