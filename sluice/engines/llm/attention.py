@@ -1,25 +1,40 @@
 """Attention over the paged KV cache: the per-step metadata and the two back-ends.
 
 ``AttentionMetadata`` is built once per step by the model runner and shared by every layer. Each layer
-calls :func:`store_and_attend`: on CUDA it uses the Triton kernels of ``kernels/`` (``store_kv`` and
-``paged_attention``, one launch each for the whole mixed prefill/decode batch); on the CPU it uses the
-torch path below, which is planned once per step (:func:`plan_cpu_attention`) so that the 30 layers of
-a decode step cost one gather and one ``scaled_dot_product_attention`` each, not a loop over sequences.
-Sequences with a few new tokens (2..``MAX_BATCHED_QUERY_LEN``: speculative verifies of ``1 + k`` tokens)
-likewise share one batched call per layer, their queries padded to the longest of them; longer chunks
-(prompts) get one call each.
+calls :func:`store_and_attend` with its :class:`AttentionParams`: on CUDA it uses the Triton kernels of
+``kernels/`` (``store_kv`` and ``paged_attention``, one launch each for the whole mixed prefill/decode
+batch); on the CPU it uses the torch path below, which is planned once per step
+(:func:`plan_cpu_attention`) so that the layers of a decode step cost one gather and one attention call
+each, not a loop over sequences. Sequences with a few new tokens (2..``MAX_BATCHED_QUERY_LEN``: speculative
+verifies of ``1 + k`` tokens) likewise share one batched call per layer, their queries padded to the longest
+of them; longer chunks (prompts) get one call each.
 
 Semantics (both back-ends): sequence ``s`` owns query rows ``query_start_loc[s]:query_start_loc[s+1]``
 (``q_len`` rows) at positions ``seq_lens[s] - q_len + j``; each row attends causally to KV positions
-``0..`` its own position of the same sequence. Query head ``h`` reads KV head ``h // (H // KVH)``.
+``0..`` its own position of the same sequence -- with a sliding window ``W``, only to the last ``W`` of them
+(positions ``> pos - W``, as HF transformers' sliding-window mask). Query head ``h`` reads KV head
+``h // (H // KVH)``. With a soft-cap ``c``, scores become ``c * tanh(scores / c)`` before masking (Gemma 2).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
+
+from sluice.engines.llm.kernels.torch_ops import attend
+
+Window = int | None  # a sliding window in positions; None = full causal attention
+
+
+@dataclass(frozen=True, slots=True)
+class AttentionParams:
+    """How one layer attends: its softmax scale, sliding window and score soft-cap."""
+
+    scale: float
+    sliding_window: int | None = None  # keys at positions > query position - window; None = all
+    softcap: float | None = None  # scores -> softcap * tanh(scores / softcap); None = off
 
 
 @dataclass(slots=True)
@@ -30,7 +45,8 @@ class PrefillPlan:
     q_end: int
     kv_len: int
     blocks: torch.Tensor  # (num_seq_blocks,) int64 the blocks holding positions 0..kv_len-1
-    mask: torch.Tensor | None  # (q_len, kv_len) bool, True = may attend; None = plain causal
+    # per window: (q_len, kv_len) bool, True = may attend; None = plain causal (no context, no window)
+    masks: dict[Window, torch.Tensor | None] = field(default_factory=dict)
 
 
 MAX_BATCHED_QUERY_LEN = 8  # sequences with 2..this many new tokens share one attention call per layer
@@ -48,7 +64,7 @@ class ShortQueryPlan:
     width: int  # query rows per sequence after padding
     rows: torch.Tensor  # (n * width,) int64 flat query rows, padding repeats a row
     blocks: torch.Tensor  # (n * max_blocks,) int64, padded with block 0
-    mask: torch.Tensor  # (n, 1, width * group, max_blocks * block_size) bool, True = may attend
+    masks: dict[Window, torch.Tensor]  # per window: (n, 1, width * group, max_blocks * block_size) bool
     valid: torch.Tensor | None  # (num_rows,) int64 unpadded entries of ``rows``; None = all
     out_rows: torch.Tensor  # (num_rows,) int64 flat rows the valid outputs go to
 
@@ -59,7 +75,8 @@ class CpuAttentionPlan:
 
     decode_rows: torch.Tensor | None = None  # (num_decodes,) int64 flat query rows of 1-token sequences
     decode_blocks: torch.Tensor | None = None  # (num_decodes * max_blocks,) int64, rows padded with block 0
-    decode_mask: torch.Tensor | None = None  # (num_decodes, 1, 1, max_blocks * block_size) bool, True = key
+    # per window: (num_decodes, 1, 1, max_blocks * block_size) bool, True = key visible
+    decode_masks: dict[Window, torch.Tensor] = field(default_factory=dict)
     short: ShortQueryPlan | None = None  # sequences with a few new tokens (speculative verifies)
     prefills: list[PrefillPlan] = field(default_factory=list)
 
@@ -74,6 +91,9 @@ class AttentionMetadata:
     block_tables: torch.Tensor  # (num_seqs, max_blocks_per_seq) int32, padded with 0
     max_seq_len: int
     cpu_plan: CpuAttentionPlan | None = None  # set on the CPU path only
+    # (num_tokens,) int64, 1 = rotate this row with LongRoPE's long factors; None = none do (see
+    # ModelConfig.long_rope_switch_len)
+    long_rope: torch.Tensor | None = None
 
 
 def plan_cpu_attention(
@@ -82,12 +102,15 @@ def plan_cpu_attention(
     block_tables: list[list[int]],
     block_size: int,
     group: int = 1,
+    windows: Sequence[int] = (),
 ) -> CpuAttentionPlan:
     """Precompute gather indices and masks for one step on the CPU (plain Python lists in).
 
     ``group``: query heads per KV head (the model's; only shapes the short-query mask, any value works).
+    ``windows``: the sliding windows of the model's layers; masks are built for each and for full attention.
     """
     plan = CpuAttentionPlan()
+    keys: list[Window] = [None, *sorted(set(windows))]
     decode_rows: list[int] = []
     decode_seqs: list[int] = []
     short: list[tuple[int, int, int, int]] = []  # (sequence, q_start, q_len, kv_len)
@@ -101,12 +124,17 @@ def plan_cpu_attention(
         elif q_len > 1:
             num_blocks = -(-kv_len // block_size)
             blocks = torch.tensor(block_tables[s][:num_blocks], dtype=torch.int64)
-            context_len = kv_len - q_len
-            mask = None
-            if context_len > 0:
-                q_pos = torch.arange(context_len, kv_len).unsqueeze(1)  # (q_len, 1)
-                mask = torch.arange(kv_len).unsqueeze(0) <= q_pos  # (q_len, kv_len)
-            plan.prefills.append(PrefillPlan(q_start, q_start + q_len, kv_len, blocks, mask))
+            prefill = PrefillPlan(q_start, q_start + q_len, kv_len, blocks)
+            q_pos = torch.arange(kv_len - q_len, kv_len).unsqueeze(1)  # (q_len, 1)
+            kv_pos = torch.arange(kv_len).unsqueeze(0)  # (1, kv_len)
+            for w in keys:
+                if w is not None and w >= kv_len:  # the window covers the whole sequence
+                    prefill.masks[w] = prefill.masks[None]
+                elif w is None:
+                    prefill.masks[w] = kv_pos <= q_pos if kv_len > q_len else None
+                else:
+                    prefill.masks[w] = (kv_pos <= q_pos) & (kv_pos > q_pos - w)
+            plan.prefills.append(prefill)
         q_start += q_len
     if decode_rows:
         # Gather whole blocks (one contiguous copy each), not single slots: several times faster.
@@ -118,17 +146,22 @@ def plan_cpu_attention(
             table.extend(row)
             table.extend([0] * (max_blocks - len(row)))
         positions = torch.arange(max_blocks * block_size).unsqueeze(0)  # (1, max_blocks * block_size)
+        lens_t = torch.tensor(lens).unsqueeze(1)  # (num_decodes, 1)
         plan.decode_rows = torch.tensor(decode_rows, dtype=torch.int64)
         plan.decode_blocks = torch.tensor(table, dtype=torch.int64)
-        plan.decode_mask = (positions < torch.tensor(lens).unsqueeze(1))[:, None, None, :]
+        full = positions < lens_t
+        for w in keys:
+            visible = full if w is None or w >= max(lens) else full & (positions >= lens_t - w)
+            plan.decode_masks[w] = visible[:, None, None, :]
     if short:
-        plan.short = _plan_short_queries(short, block_tables, block_size, group)
+        plan.short = _plan_short_queries(short, block_tables, block_size, group, keys)
     return plan
 
 
 def _plan_short_queries(
-    short: list[tuple[int, int, int, int]], block_tables: list[list[int]], block_size: int, group: int
-) -> ShortQueryPlan:
+    short: list[tuple[int, int, int, int]], block_tables: list[list[int]], block_size: int, group: int,
+    windows: list[Window],
+) -> ShortQueryPlan:  # fmt: skip
     width = max(q_len for _, _, q_len, _ in short)
     max_blocks = -(-max(kv_len for *_, kv_len in short) // block_size)
     table: list[int] = []
@@ -140,14 +173,17 @@ def _plan_short_queries(
     valid = [i * width + j for i, (_, _, q_len, _) in enumerate(short) for j in range(q_len)]
     # Row j sits at position kv_len - q_len + j and sees the keys up to it.
     last = torch.tensor([[kv_len - q_len + min(j, q_len - 1) for j in range(width)]
-                         for _, _, q_len, kv_len in short])  # fmt: skip  # (n, width)
-    keys = torch.arange(max_blocks * block_size)
-    mask = (keys[None, None, :] <= last[:, :, None]).repeat_interleave(group, dim=1)  # (n, width * group, L)
+                         for _, _, q_len, kv_len in short])[:, :, None]  # fmt: skip  # (n, width, 1)
+    keys = torch.arange(max_blocks * block_size)[None, None, :]
+    masks: dict[Window, torch.Tensor] = {}
+    for w in windows:
+        visible = keys <= last if w is None else (keys <= last) & (keys > last - w)
+        masks[w] = visible.repeat_interleave(group, dim=1).unsqueeze(1)  # (n, 1, width * group, L)
     return ShortQueryPlan(
         width=width,
         rows=torch.tensor(rows, dtype=torch.int64),
         blocks=torch.tensor(table, dtype=torch.int64),
-        mask=mask.unsqueeze(1),
+        masks=masks,
         valid=None if len(valid) == len(rows) else torch.tensor(valid, dtype=torch.int64),
         out_rows=torch.tensor([q_start + j for _, q_start, q_len, _ in short for j in range(q_len)]),
     )
@@ -160,7 +196,7 @@ def store_and_attend(
     k_cache: torch.Tensor,  # (num_blocks, block_size, num_kv_heads, head_dim)
     v_cache: torch.Tensor,  # (num_blocks, block_size, num_kv_heads, head_dim)
     meta: AttentionMetadata,
-    scale: float,
+    params: AttentionParams,
 ) -> torch.Tensor:  # (num_tokens, num_heads, head_dim)
     """Write this step's K/V into the cache, then attend each new token over its sequence's cache."""
     if meta.cpu_plan is None:
@@ -168,9 +204,10 @@ def store_and_attend(
 
         kernels.store_kv(key, value, k_cache, v_cache, meta.slot_mapping)
         return kernels.paged_attention(
-            query, k_cache, v_cache, meta.block_tables, meta.query_start_loc, meta.seq_lens, scale
-        )
-    return _cpu_store_and_attend(query, key, value, k_cache, v_cache, meta.slot_mapping, meta.cpu_plan, scale)
+            query, k_cache, v_cache, meta.block_tables, meta.query_start_loc, meta.seq_lens, params.scale,
+            sliding_window=params.sliding_window, softcap=params.softcap,
+        )  # fmt: skip
+    return _cpu_store_and_attend(query, key, value, k_cache, v_cache, meta.slot_mapping, meta.cpu_plan, params)
 
 
 def _cpu_store_and_attend(
@@ -181,36 +218,35 @@ def _cpu_store_and_attend(
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
     plan: CpuAttentionPlan,
-    scale: float,
+    params: AttentionParams,
 ) -> torch.Tensor:
     num_tokens, num_heads, head_dim = query.shape
     num_kv_heads = k_cache.shape[2]
     group = num_heads // num_kv_heads
+    window, scale, softcap = params.sliding_window, params.scale, params.softcap
     k_flat = k_cache.view(-1, num_kv_heads, head_dim)  # (num_slots, num_kv_heads, head_dim)
     v_flat = v_cache.view(-1, num_kv_heads, head_dim)
     k_flat.index_copy_(0, slot_mapping, key)
     v_flat.index_copy_(0, slot_mapping, value)
     out = torch.empty_like(query)
-    if plan.decode_rows is not None and plan.decode_blocks is not None and plan.decode_mask is not None:
+    if plan.decode_rows is not None and plan.decode_blocks is not None:
         n = plan.decode_rows.shape[0]
         # The `group` query heads sharing a KV head become `group` query rows of one attention problem.
         q = query.index_select(0, plan.decode_rows).view(n, num_kv_heads, group, head_dim)
         shape = (n, -1, num_kv_heads, head_dim)  # (n, max_blocks * block_size, num_kv_heads, head_dim)
         k = k_cache.index_select(0, plan.decode_blocks).view(shape).transpose(1, 2)
         v = v_cache.index_select(0, plan.decode_blocks).view(shape).transpose(1, 2)
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=plan.decode_mask, scale=scale)
+        o = attend(q, k, v, plan.decode_masks[window], scale, softcap)
         out.index_copy_(0, plan.decode_rows, o.reshape(n, num_heads, head_dim))
     if plan.short is not None:
-        _attend_short(query, k_cache, v_cache, plan.short, scale, out)
+        _attend_short(query, k_cache, v_cache, plan.short, params, out)
     for p in plan.prefills:
         q = query[p.q_start : p.q_end].transpose(0, 1).unsqueeze(0)  # (1, num_heads, q_len, head_dim)
         k = k_cache.index_select(0, p.blocks).view(-1, num_kv_heads, head_dim)[: p.kv_len]
         v = v_cache.index_select(0, p.blocks).view(-1, num_kv_heads, head_dim)[: p.kv_len]
         k = k.transpose(0, 1).unsqueeze(0)  # (1, num_kv_heads, kv_len, head_dim)
         v = v.transpose(0, 1).unsqueeze(0)
-        o = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=p.mask, is_causal=p.mask is None, scale=scale, enable_gqa=True
-        )
+        o = attend(q, k, v, p.masks[window], scale, softcap, causal=p.masks[window] is None)
         out[p.q_start : p.q_end] = o.squeeze(0).transpose(0, 1)
     return out
 
@@ -220,7 +256,7 @@ def _attend_short(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     plan: ShortQueryPlan,
-    scale: float,
+    params: AttentionParams,
     out: torch.Tensor,  # (num_tokens, num_heads, head_dim), written at plan.out_rows
 ) -> None:
     _, num_heads, head_dim = query.shape
@@ -229,13 +265,13 @@ def _attend_short(
     n = plan.rows.shape[0] // width
     q = query.index_select(0, plan.rows).view(n, width, num_kv_heads, group, head_dim)
     q = q.permute(0, 2, 1, 3, 4).reshape(n, num_kv_heads, width * group, head_dim)
-    mask = plan.mask
+    mask = plan.masks[params.sliding_window]
     if mask.shape[2] != width * group:  # planned for another group size
         mask = mask[:, :, :: mask.shape[2] // width].repeat_interleave(group, dim=2)
     shape = (n, -1, num_kv_heads, head_dim)  # (n, max_blocks * block_size, num_kv_heads, head_dim)
     k = k_cache.index_select(0, plan.blocks).view(shape).transpose(1, 2)
     v = v_cache.index_select(0, plan.blocks).view(shape).transpose(1, 2)
-    o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)  # (n, kvh, width * group, d)
+    o = attend(q, k, v, mask, params.scale, params.softcap)  # (n, kvh, width * group, d)
     o = o.view(n, num_kv_heads, width, group, head_dim).permute(0, 2, 1, 3, 4).reshape(-1, num_heads, head_dim)
     if plan.valid is not None:
         o = o.index_select(0, plan.valid)

@@ -1,17 +1,69 @@
 """Configuration of the LLM engine: the model's architecture and the engine's options, as typed data.
 
-``ModelConfig`` is read from the weights (a HF ``config.json`` or GGUF metadata) by ``weights.py``;
-``EngineConfig`` is what a user sets. Both are validated once, at construction, with one-line errors.
+``ModelConfig`` is read from the weights (a HF ``config.json`` or GGUF metadata) by the model family's
+parser (``models/``); ``EngineConfig`` is what a user sets. Both are validated once, at construction, with
+one-line errors.
+
+One ``ModelConfig`` describes every supported decoder: a Llama is the all-defaults case, and each family
+sets the few fields where it differs (biases, q/k norms, Gemma's (1 + w) norms and sandwich norms, sliding
+windows, soft-capping, rope scaling, partial rotary).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+ROPE_SCALINGS = ("default", "linear", "dynamic", "llama3", "longrope", "yarn")
+ACTIVATIONS = ("silu", "gelu_tanh", "gelu")
+
+
+@dataclass(frozen=True, slots=True)
+class RopeConfig:
+    """Rotary position embedding of one group of layers, with HF transformers' scaling variants.
+
+    ``scaling`` follows HF's ``rope_type``: ``linear`` (positions / factor), ``dynamic`` (NTK base growing
+    past ``max_position_embeddings``), ``llama3`` (per-frequency smoothing), ``longrope`` (Phi-3's per-dim
+    short/long factors, switched at ``original_max_position_embeddings``), ``yarn``.
+    """
+
+    theta: float = 10000.0
+    scaling: str = "default"
+    factor: float = 1.0  # linear, dynamic, llama3, yarn (longrope: max / original context when unset)
+    original_max_position_embeddings: int | None = None  # llama3, longrope, yarn
+    low_freq_factor: float = 1.0  # llama3
+    high_freq_factor: float = 4.0  # llama3
+    short_factor: tuple[float, ...] = ()  # longrope, one per rotary frequency
+    long_factor: tuple[float, ...] = ()  # longrope
+    attention_factor: float | None = None  # longrope / yarn: multiplies cos and sin (None: from factor)
+    beta_fast: float = 32.0  # yarn
+    beta_slow: float = 1.0  # yarn
+    truncate: bool = True  # yarn
+    partial_rotary_factor: float = 1.0  # rotate only the first int(head_dim * this) dims (Phi-4-mini 0.75)
+    # divisors of the inverse frequencies, one per frequency: llama.cpp's rope_freqs tensor (how its
+    # converter stores llama3 scaling); () = none
+    freq_factors: tuple[float, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.scaling not in ROPE_SCALINGS:
+            raise ValueError(f"rope scaling {self.scaling!r} is not supported (supported: {', '.join(ROPE_SCALINGS)})")
+        if not self.theta > 0:
+            raise ValueError(f"rope theta must be > 0, got {self.theta}")
+        if not 0.0 < self.partial_rotary_factor <= 1.0:
+            raise ValueError(f"partial_rotary_factor must be in (0, 1], got {self.partial_rotary_factor}")
+        needs_original = self.scaling in ("llama3", "longrope", "yarn")
+        if needs_original and not self.original_max_position_embeddings:
+            raise ValueError(f"rope scaling {self.scaling!r} needs original_max_position_embeddings")
+        if self.scaling == "longrope" and (not self.short_factor or len(self.short_factor) != len(self.long_factor)):
+            raise ValueError("longrope rope scaling needs short_factor and long_factor lists of equal length")
+
+    def rotary_dim(self, head_dim: int) -> int:
+        """Leading dims of each head that are rotated (HF: ``int(head_dim * partial_rotary_factor)``)."""
+        return int(head_dim * self.partial_rotary_factor)
+
 
 @dataclass(frozen=True, slots=True)
 class ModelConfig:
-    """A Llama-family decoder: RMSNorm, RoPE, grouped-query attention, SwiGLU MLP."""
+    """A decoder-only transformer: pre-norm residual blocks, RoPE, grouped-query attention, gated MLP."""
 
     vocab_size: int
     hidden_size: int
@@ -20,20 +72,80 @@ class ModelConfig:
     num_heads: int
     num_kv_heads: int
     head_dim: int
+    architecture: str = "llama"  # the model family (registry key) that parsed this config
     rms_norm_eps: float = 1e-5
-    rope_theta: float = 10000.0
+    rope: RopeConfig = RopeConfig()
+    local_rope: RopeConfig | None = None  # sliding-window layers' rope when it differs (Gemma 3)
     max_position_embeddings: int = 2048
     tie_word_embeddings: bool = False
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
+    hidden_act: str = "silu"  # gate activation of the MLP: silu, gelu_tanh, gelu
+    qkv_bias: bool = False  # biases on the q/k/v projections (Qwen2)
+    o_bias: bool = False  # bias on the output projection
+    mlp_bias: bool = False  # biases on gate/up/down
+    qk_norm: bool = False  # RMSNorm over head_dim on q and k before rotary (Qwen3, Gemma 3)
+    gemma_norms: bool = False  # every norm is Gemma's: (1 + w) * x in fp32, then cast
+    sandwich_norms: bool = False  # Gemma 2/3: post-attention and pre/post-feedforward norms
+    embed_scale: float | None = None  # multiply embeddings by this (Gemma: sqrt(hidden_size))
+    query_pre_attn_scalar: float | None = None  # attention scale = this ** -0.5 (None: head_dim)
+    attn_logit_softcap: float | None = None  # scores -> cap * tanh(scores / cap) (Gemma 2)
+    final_logit_softcap: float | None = None  # logits -> cap * tanh(logits / cap) (Gemma 2)
+    sliding_windows: tuple[int | None, ...] = ()  # per layer: keys within this many positions; () = none
 
     def __post_init__(self) -> None:
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
+                     "head_dim"):  # fmt: skip
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.num_heads % self.num_kv_heads != 0:
             raise ValueError(
                 f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})"
             )
-        if self.head_dim % 2 != 0:
-            raise ValueError(f"head_dim must be even for rotary embeddings, got {self.head_dim}")
+        for rope in (self.rope, self.local_rope):
+            if rope is not None and rope.rotary_dim(self.head_dim) % 2 != 0:
+                raise ValueError(f"the rotary dim must be even, got {rope.rotary_dim(self.head_dim)}")
+        if self.hidden_act not in ACTIVATIONS:
+            raise ValueError(f"activation {self.hidden_act!r} is not supported (supported: {', '.join(ACTIVATIONS)})")
+        if self.sliding_windows and len(self.sliding_windows) != self.num_layers:
+            raise ValueError(f"sliding_windows has {len(self.sliding_windows)} entries for {self.num_layers} layers")
+        if any(w is not None and w < 1 for w in self.sliding_windows):
+            raise ValueError(f"sliding windows must be >= 1, got {self.sliding_windows}")
+        for name in ("attn_logit_softcap", "final_logit_softcap"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(f"{name} must be > 0 or null, got {value}")
+
+    @property
+    def attn_scale(self) -> float:
+        """Softmax scale of the attention scores."""
+        return (self.query_pre_attn_scalar or self.head_dim) ** -0.5
+
+    def sliding_window(self, layer: int) -> int | None:
+        """Keys a query of ``layer`` sees (its own position and ``window - 1`` before it); None = all."""
+        return self.sliding_windows[layer] if self.sliding_windows else None
+
+    def layer_rope(self, layer: int) -> RopeConfig:
+        """The rope of ``layer``: ``local_rope`` for sliding-window layers when set, else ``rope``."""
+        if self.local_rope is not None and self.sliding_window(layer) is not None:
+            return self.local_rope
+        return self.rope
+
+    @property
+    def max_context_len(self) -> int:
+        """Longest sequence the model is meant to run: ``max_position_embeddings``, times the factor for
+        dynamic-NTK rope (which exists to stretch the context past the trained length)."""
+        if self.rope.scaling == "dynamic" and self.rope.factor > 1:
+            return int(self.max_position_embeddings * self.rope.factor)
+        return self.max_position_embeddings
+
+    @property
+    def long_rope_switch_len(self) -> int | None:
+        """LongRoPE: a sequence longer than this is rotated with the long factors, all of its positions (as
+        HF transformers does, recomputing the KV when a sequence grows past it); None for other ropes."""
+        if self.rope.scaling == "longrope" and self.rope.short_factor != self.rope.long_factor:
+            return self.rope.original_max_position_embeddings
+        return None
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,6 +36,7 @@ from pathlib import Path
 import torch
 
 from sluice.engines.llm.config import EngineConfig
+from sluice.engines.llm.gguf_file import GGUFFile
 from sluice.engines.llm.kv_cache import KVCacheManager
 from sluice.engines.llm.model_runner import ModelRunner, SampledToken
 from sluice.engines.llm.output import EngineStats, RequestOutput
@@ -65,7 +66,8 @@ class _Tracker:
 
 
 class LLM:
-    """Load a Llama-family model (GGUF file, HF safetensors directory, or a known model name) and serve it.
+    """Load a model of a supported family (GGUF file, HF safetensors directory, or a known model name; see
+    ``models/registry.py``) and serve it.
 
     ``options`` are the fields of :class:`EngineConfig` (``max_num_seqs``, ``max_num_batched_tokens``,
     ``block_size``, ``enable_prefix_caching``, ``kv_cache_memory_bytes``, ``dtype``, ``device``,
@@ -88,8 +90,8 @@ class LLM:
         model_config, tensors = load_weights(path, reader)
         self.model_config = model_config
         self.max_model_len = min(
-            self.config.max_model_len or model_config.max_position_embeddings,
-            model_config.max_position_embeddings,
+            self.config.max_model_len or model_config.max_context_len,
+            model_config.max_context_len,
         )
         self.runner = ModelRunner(model_config, tensors, self.config, self.max_model_len)
         del tensors
@@ -111,7 +113,8 @@ class LLM:
             if c.num_speculative_tokens else None
         )  # fmt: skip
         self.scheduler = Scheduler(
-            self.kv, c.max_num_seqs, c.max_num_batched_tokens, max_model_len=self.max_model_len, drafter=self.drafter
+            self.kv, c.max_num_seqs, c.max_num_batched_tokens, max_model_len=self.max_model_len, drafter=self.drafter,
+            recompute_past_len=self.runner.long_rope_switch_len,
         )
         self._eos_ids = frozenset(model_config.eos_token_ids)
         self._trackers: dict[str, _Tracker] = {}
@@ -345,10 +348,8 @@ def _find_stop(tracker: _Tracker, stops: tuple[str, ...], delta_len: int) -> boo
     return True
 
 
-def _open_gguf(path: Path) -> object:
-    from gguf import GGUFReader
-
-    return GGUFReader(str(path))
+def _open_gguf(path: Path) -> GGUFFile:
+    return GGUFFile(path)
 
 
 def _resolve(model: str | Path) -> Path:

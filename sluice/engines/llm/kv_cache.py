@@ -6,13 +6,14 @@ offset). Pure Python: never imports torch.
 
 Prefix caching. Every *full* block of a request gets a chained hash::
 
-    hash_i = blake2b-128(hash_{i-1} || token ids of block i)      (hash_{-1} = empty)
+    hash_i = blake2b-128(hash_{i-1} || token ids of block i)      (hash_{-1} = the request's cache_salt)
 
-so two requests share block ``i`` only if they agree on every token of blocks ``0..i``. A full block whose
-K/V is computed is registered under its hash; a later request whose prompt starts with the same blocks
-takes references on them instead of recomputing. The hash is blake2b (not Python's ``hash``) so that it is
-stable across processes and a collision -- which would silently serve another prompt's K/V -- is
-negligible (2**-64 at a billion blocks).
+so two requests share block ``i`` only if they agree on every token of blocks ``0..i`` and on the salt
+(requests whose K/V for the same tokens differs, as LongRoPE's long-context ones, get a salt of their own).
+A full block whose K/V is computed is registered under its hash; a later request whose prompt starts with
+the same blocks takes references on them instead of recomputing. The hash is blake2b (not Python's
+``hash``) so that it is stable across processes and a collision -- which would silently serve another
+prompt's K/V -- is negligible (2**-64 at a billion blocks).
 
 Free queue and eviction (LRU). A block whose ref count drops to zero goes back to the free queue:
 
@@ -118,7 +119,7 @@ class KVCacheManager:
         size = self.block_size
         while len(hashes) < num_full_blocks:
             i = len(hashes)
-            parent = hashes[-1] if hashes else b""
+            parent = hashes[-1] if hashes else request.cache_salt
             hashes.append(hash_block(parent, request.token_ids_in(i * size, (i + 1) * size)))
         return hashes[:num_full_blocks]
 

@@ -8,6 +8,10 @@ step -- the row whose logits are sampled. A request verifying ``k`` speculative 
 and the drafts; all ``k + 1`` of its rows are sampled, each with its own step index (so a seeded request
 draws the token at each position exactly as it would without speculation), and
 :func:`~sluice.engines.llm.speculation.accept_drafts` keeps the accepted run plus one token.
+
+Per-model extras of the step: the CPU attention plan gets masks for each sliding window of the model's
+layers; for LongRoPE models the rows of requests longer than ``ModelConfig.long_rope_switch_len`` are
+marked for the long-factor rotary table (the scheduler recomputes a request's KV once when it grows past it).
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import torch
 
 from sluice.engines.llm.attention import AttentionMetadata, plan_cpu_attention
 from sluice.engines.llm.config import EngineConfig, ModelConfig
-from sluice.engines.llm.model import KVCache, LlamaModel
+from sluice.engines.llm.model import CausalLM, KVCache
 from sluice.engines.llm.request import Request
 from sluice.engines.llm.sampling import Sampler, SamplingRow
 from sluice.engines.llm.scheduler_output import ScheduledRequest
@@ -61,13 +65,16 @@ class ModelRunner:
     ) -> None:
         self.device, self.dtype = resolve_device_dtype(engine_config)
         self.block_size = engine_config.block_size
-        self.model = LlamaModel.from_weights(model_config, tensors, max_model_len, self.dtype, self.device)
+        self.model = CausalLM.from_weights(model_config, tensors, max_model_len, self.dtype, self.device)
         self.sampler = Sampler(engine_config.seed)
         # CPU: attention planned once per step (attention.py); otherwise the kernels' ops, fed padded
         # block tables. Tests switch this off on the CPU to run the kernel path's plumbing.
         self.use_cpu_attention_plan = self.device.type == "cpu"
         cfg = model_config
         self.group = cfg.num_heads // cfg.num_kv_heads  # query heads per KV head
+        self.windows = tuple(sorted({w for w in cfg.sliding_windows if w is not None}))  # for the CPU plan
+        switch = cfg.long_rope_switch_len
+        self.long_rope_switch_len = switch if switch is not None and switch < max_model_len else None
         elem = torch.tensor([], dtype=self.dtype).element_size()
         # K and V of every layer for block_size tokens.
         self.bytes_per_block = 2 * cfg.num_layers * self.block_size * cfg.num_kv_heads * cfg.head_dim * elem
@@ -119,6 +126,8 @@ class ModelRunner:
         logits_rows: list[int] = []
         sampling: list[SamplingRow] = []
         sampled_requests: list[tuple[Request, list[int]]] = []
+        switch = self.long_rope_switch_len
+        long_rope: list[int] = []  # LongRoPE only: 1 per row of a request past the switch length
         for item in scheduled:
             req, num_new, drafts = item.request, item.num_new_tokens, item.draft_token_ids
             start, end = req.num_computed_tokens, req.num_computed_tokens + num_new
@@ -137,6 +146,8 @@ class ModelRunner:
                 slots.extend(blocks[p // bs] * bs + p % bs for p in span)
             query_lens.append(num_new)
             seq_lens.append(end)
+            if switch is not None:
+                long_rope.extend([int(req.num_tokens > switch)] * num_new)
             tables.append(blocks)
             if item.completes:
                 for j in range(len(drafts), -1, -1):  # the last token's row, then one per draft
@@ -152,8 +163,10 @@ class ModelRunner:
             block_tables=torch.empty(0) if self.use_cpu_attention_plan else self._block_table_tensor(tables),
             max_seq_len=max(seq_lens),
         )
+        if any(long_rope):
+            meta.long_rope = torch.tensor(long_rope, dtype=torch.int64, device=dev)
         if self.use_cpu_attention_plan:
-            meta.cpu_plan = plan_cpu_attention(query_lens, seq_lens, tables, bs, self.group)
+            meta.cpu_plan = plan_cpu_attention(query_lens, seq_lens, tables, bs, self.group, self.windows)
         logits = self.model(
             torch.tensor(input_ids, dtype=torch.int64, device=dev),
             torch.tensor(positions, dtype=torch.int64, device=dev),

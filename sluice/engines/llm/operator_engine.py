@@ -224,7 +224,7 @@ class LLMEngine(ContinuousEngine):
             raise RecordError(f"the record has no field {err.args[0]!r} for the prompt template") from None
         messages = ([{"role": "system", "content": o.system_prompt}] if o.system_prompt else [])
         messages.append({"role": "user", "content": user})
-        token_ids = self.tokenizer.encode(self.llm.apply_chat_template(messages))
+        token_ids = self.tokenizer.encode(self.llm.apply_chat_template(messages), add_special_tokens=False)
         if len(token_ids) >= self.llm.max_model_len:
             raise RecordError(f"the prompt has {len(token_ids)} tokens; the model's context holds "
                               f"{self.llm.max_model_len} (prompt and answer together)")

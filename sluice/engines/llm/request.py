@@ -163,9 +163,12 @@ class Request:
     num_preemptions: int = 0  # times this request was preempted (recomputed)
     num_draft_tokens: int = 0  # speculative drafts verified for this request
     num_accepted_draft_tokens: int = 0  # of those, drafts accepted (emitted as output)
-    # Chained hashes of this request's full blocks, filled lazily by the KV-cache manager; valid forever
-    # because tokens are only ever appended.
+    # Chained hashes of this request's full blocks, filled lazily by the KV-cache manager; valid while the
+    # salt stays the same, because tokens are only ever appended.
     block_hashes: list[bytes] = field(default_factory=list)
+    # Root of the hash chain: requests share cached blocks only under the same salt. Set by the scheduler
+    # when the request's K/V depends on more than its tokens (LongRoPE past its switch length).
+    cache_salt: bytes = b""
 
     def __post_init__(self) -> None:
         if not isinstance(self.request_id, str) or not self.request_id:

@@ -24,6 +24,12 @@ budget and covered by its KV blocks (if the pool cannot hold them, it decodes pl
 anyone). ``update`` takes the emitted tokens (1..k+1), moves ``num_computed_tokens`` to just before the last
 one and frees the blocks that held only rejected drafts.
 
+Recompute past a length (``recompute_past_len``, LongRoPE models): a request's K/V computed while it was at
+most that long is invalid once it is longer (the whole sequence is then rotated with other factors, as HF
+transformers does). When a running request grows past it, it is recomputed from scratch once (blocks freed,
+back to the front of the queue, not counted as a preemption) under a prefix-cache salt of its own, so it
+shares blocks only with other long requests; drafts never cross the length.
+
 Progress: the oldest running request is never preempted while another request runs, and ``add`` rejects a
 request whose whole lifetime would not fit in the pool alone, so every request finishes.
 
@@ -51,6 +57,7 @@ __all__ = ["ScheduledRequest", "Scheduler", "SchedulerOutput"]
 
 # What the engine may decide for a request that sampled this step.
 _ENGINE_DECISIONS = (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH, RequestStatus.FINISHED_ERROR)
+LONG_CONTEXT_SALT = b"long-context"  # prefix-cache salt of requests past recompute_past_len
 
 
 class Scheduler:
@@ -65,9 +72,11 @@ class Scheduler:
         watermark_blocks: int | None = None,
         max_model_len: int | None = None,
         drafter: Drafter | None = None,
+        recompute_past_len: int | None = None,
     ) -> None:
         """``watermark_blocks`` defaults to 1% of the pool (at least 1); ``max_model_len`` (positions the
-        model supports) defaults to no limit other than the pool; ``drafter`` (None = no speculation)."""
+        model supports) defaults to no limit other than the pool; ``drafter`` (None = no speculation);
+        ``recompute_past_len``: see the module docstring (None = never)."""
         for name, value in (
             ("max_num_seqs", max_num_seqs),
             ("max_num_batched_tokens", max_num_batched_tokens),
@@ -91,6 +100,8 @@ class Scheduler:
         self.watermark_blocks = watermark_blocks
         self.max_model_len = max_model_len
         self.drafter = drafter
+        self.recompute_past_len = recompute_past_len
+        self.num_recomputes = 0  # requests recomputed for growing past recompute_past_len
         self.waiting: deque[Request] = deque()  # WAITING and PREEMPTED, front = next to admit
         self.running: list[Request] = []  # RUNNING, in admission order (last = first preemption victim)
         self.requests: dict[str, Request] = {}  # every unfinished request
@@ -171,6 +182,10 @@ class Scheduler:
         index = 0
         while index < len(self.running) and budget > 0:
             request = self.running[index]
+            if self._past_recompute_len(request):
+                self.running.pop(index)
+                self._recompute(request)
+                continue
             num_new = self._num_new_tokens(request, request.num_computed_tokens, budget)
             if num_new == 0:
                 index += 1
@@ -197,6 +212,9 @@ class Scheduler:
         # Admitting while preempting would hand the freed blocks to newcomers and thrash.
         while not out.preempted and self.waiting and len(self.running) < self.max_num_seqs and budget > 0:
             request = self.waiting[0]
+            if self._past_recompute_len(request):  # holds no blocks: only its hashes change
+                request.cache_salt = LONG_CONTEXT_SALT
+                request.block_hashes.clear()
             hits, num_hit_tokens = self.kv.get_computed_blocks(request)
             num_new = self._num_new_tokens(request, num_hit_tokens, budget)
             reserve = self.watermark_blocks if self.running else 0
@@ -302,6 +320,9 @@ class Scheduler:
             return None
         # k drafts emit up to k + 1 tokens; the request may emit max_len - num_tokens more.
         max_drafts = min(budget - 1, self.max_len(request) - request.num_tokens - 1)
+        if self.recompute_past_len is not None and request.num_tokens <= self.recompute_past_len:
+            # a target sampled past the length would need the long-context K/V
+            max_drafts = min(max_drafts, self.recompute_past_len - request.num_tokens)
         return self.drafter.propose(request, max_drafts, len(self.running)) if max_drafts > 0 else None
 
     def _admit(self, request: Request, num_hit_tokens: int) -> None:
@@ -318,6 +339,21 @@ class Scheduler:
         request.num_computed_tokens = 0
         request.num_preemptions += 1
         self.num_preemptions += 1
+        self.waiting.appendleft(request)
+
+    def _past_recompute_len(self, request: Request) -> bool:
+        """True for a request longer than ``recompute_past_len`` whose K/V is still from before it."""
+        limit = self.recompute_past_len
+        return limit is not None and not request.cache_salt and request.num_tokens > limit
+
+    def _recompute(self, request: Request) -> None:
+        """RUNNING -> PREEMPTED under the long-context salt: its K/V is recomputed when readmitted."""
+        request.move_to(RequestStatus.PREEMPTED)
+        self.kv.free(request)
+        request.num_computed_tokens = 0
+        request.cache_salt = LONG_CONTEXT_SALT
+        request.block_hashes.clear()
+        self.num_recomputes += 1
         self.waiting.appendleft(request)
 
     def _finish(self, request: Request, status: RequestStatus) -> None:

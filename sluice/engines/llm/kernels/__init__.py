@@ -93,13 +93,18 @@ def paged_attention(
     seq_lens: torch.Tensor,  # (num_seqs,) int32 KV length including the new tokens
     scale: float,
     out: torch.Tensor | None = None,  # (num_tokens, num_heads, head_dim)
+    *,
+    sliding_window: int | None = None,  # attend only to the last this-many positions (itself included)
+    softcap: float | None = None,  # scores -> softcap * tanh(scores / softcap) before the softmax
 ) -> torch.Tensor:
     """Causal attention of every sequence's new tokens over its paged KV (prefill and decode mixed).
 
     Row j of sequence s (``q_len = qsl[s+1] - qsl[s]`` rows) sits at position ``seq_lens[s] - q_len + j``
-    and attends to KV positions ``0..`` that position, whose K/V must already be in the cache (store_kv
-    first). Query head h reads KV head ``h // (num_heads // num_kv_heads)``. Returns ``out`` (allocated
-    when None) with the query's dtype; the softmax is accumulated in fp32.
+    and attends to KV positions ``0..`` that position (``> pos - sliding_window`` with a window), whose K/V
+    must already be in the cache (store_kv first). Query head h reads KV head ``h // (num_heads //
+    num_kv_heads)``. Returns ``out`` (allocated when None) with the query's dtype; the softmax is accumulated
+    in fp32.
     """
     ops = _load(kernel_path(query))
-    return ops.paged_attention(query, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale, out)
+    return ops.paged_attention(query, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale, out,
+                               sliding_window=sliding_window, softcap=softcap)  # fmt: skip

@@ -36,11 +36,16 @@ def paged_attention(
     seq_lens: torch.Tensor,  # (num_seqs,) KV length including the new tokens
     scale: float,
     out: torch.Tensor | None = None,  # (num_tokens, num_heads, head_dim)
+    *,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Causal attention of each sequence's new tokens over its paged KV, one sequence at a time in fp32.
 
     Query row j of sequence s (q_len rows) sits at position ``seq_lens[s] - q_len + j`` and attends to KV
-    positions ``0..`` that position. Query head h reads KV head ``h // (num_heads // num_kv_heads)``.
+    positions ``0..`` that position -- with a ``sliding_window`` W only to positions ``> pos - W`` (the last W,
+    itself included). Query head h reads KV head ``h // (num_heads // num_kv_heads)``. With ``softcap`` c the
+    scaled scores become ``c * tanh(scores / c)`` before masking and softmax.
     """
     num_heads = query.shape[1]
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
@@ -61,9 +66,14 @@ def paged_attention(
         v = v.repeat_interleave(group, dim=1)
         q = query[q_start:q_end].float()  # (q_len, num_heads, d)
         scores = torch.einsum("qhd,khd->hqk", q, k) * scale  # (num_heads, q_len, kv_len)
+        if softcap is not None:
+            scores = torch.tanh(scores / softcap) * softcap
         q_pos = torch.arange(kv_len - q_len, kv_len).unsqueeze(1)  # (q_len, 1)
         kv_pos = torch.arange(kv_len).unsqueeze(0)  # (1, kv_len)
-        scores = scores.masked_fill(kv_pos > q_pos, float("-inf"))
+        hidden = kv_pos > q_pos
+        if sliding_window is not None:
+            hidden |= kv_pos <= q_pos - sliding_window
+        scores = scores.masked_fill(hidden, float("-inf"))
         probs = torch.softmax(scores, dim=-1)
         out[q_start:q_end] = torch.einsum("hqk,khd->qhd", probs, v).to(out.dtype)
     return out

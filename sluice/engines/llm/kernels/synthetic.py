@@ -22,11 +22,14 @@ class Layout:
     num_kv_heads: int
     head_dim: int
     block_size: int = 16
+    sliding_window: int | None = None  # attend to the last this-many positions only
+    softcap: float | None = None  # scores -> softcap * tanh(scores / softcap)
 
     @property
     def name(self) -> str:
+        extra = (f"_w{self.sliding_window}" if self.sliding_window else "") + (f"_c{self.softcap:g}" if self.softcap else "")
         return (f"q{'-'.join(map(str, self.q_lens))}_kv{'-'.join(map(str, self.kv_lens))}"
-                f"_h{self.num_heads}x{self.num_kv_heads}_d{self.head_dim}_b{self.block_size}")
+                f"_h{self.num_heads}x{self.num_kv_heads}_d{self.head_dim}_b{self.block_size}{extra}")
 
 
 # Ragged layouts that hit the kernels' edges: decode at block boundaries, long prefills, chunks continuing
@@ -38,6 +41,16 @@ LAYOUTS: tuple[Layout, ...] = (
     Layout((1, 33, 2, 1), (1, 533, 1100, 17), 8, 1, 32),  # MQA, head_dim 32
     Layout((16, 48), (32, 48), 9, 3, 32),  # prefill only: a continued chunk and a fresh prompt
     Layout((0, 3, 1), (10, 3, 20), 9, 3, 64, block_size=8),  # a sequence with no new rows; block size 8
+)
+
+# Sliding windows (Mistral, Gemma, Phi-3) and soft-capped scores (Gemma 2): windows shorter than a block,
+# not a multiple of one, and longer than some sequences; prefills far past the window; caps that bite.
+WINDOWED_LAYOUTS: tuple[Layout, ...] = (
+    Layout((1, 1, 1, 1), (1, 9, 17, 300), 8, 4, 32, sliding_window=10),  # decode only
+    Layout((1, 130, 1, 17, 5), (40, 1300, 1250, 77, 5), 9, 3, 64, sliding_window=100),  # mixed
+    Layout((3, 64, 2), (300, 64, 9), 4, 4, 64, block_size=8, sliding_window=5),  # tiny window, small blocks
+    Layout((1, 33, 4), (700, 533, 20), 8, 2, 64, softcap=2.0),  # soft-cap alone
+    Layout((1, 40, 1, 7), (4000, 200, 33, 7), 8, 4, 32, sliding_window=64, softcap=30.0),  # Gemma 2: both
 )
 
 
@@ -52,6 +65,12 @@ class PagedBatch:
     query_start_loc: torch.Tensor  # (num_seqs + 1,) int32
     seq_lens: torch.Tensor  # (num_seqs,) int32
     scale: float
+    sliding_window: int | None = None
+    softcap: float | None = None
+
+    def options(self) -> dict[str, float | int | None]:
+        """Keyword arguments of ``paged_attention`` beyond :meth:`args` (window and soft-cap)."""
+        return {"sliding_window": self.sliding_window, "softcap": self.softcap}
 
     def args(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
                             torch.Tensor, float]:
@@ -111,4 +130,6 @@ def make_batch(
         query_start_loc=query_start_loc.to(device),
         seq_lens=torch.tensor(layout.kv_lens, dtype=torch.int32, device=device),
         scale=layout.head_dim ** -0.5,
+        sliding_window=layout.sliding_window,
+        softcap=layout.softcap,
     )

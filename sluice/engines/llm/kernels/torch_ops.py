@@ -15,6 +15,9 @@ of them with a causal + length mask. K/V are never expanded for GQA: for decode 
 share a KV head become ``G`` query rows of that KV head; prefill uses SDPA's ``enable_gqa`` (measured 5-15%
 faster there than folding). Decode sequences (one new token) and prefill chunks never share a chunk, so a
 long prefill does not pad decode rows to its length.
+
+Sliding windows only change the masks; soft-capped scores (which SDPA cannot express) go through
+:func:`attend`'s explicit matmul / tanh / softmax, in the order HF transformers' eager attention uses.
 """
 
 from __future__ import annotations
@@ -60,6 +63,33 @@ def _scatter_rows(cache: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor) 
 CHUNK_BYTES = 2 << 20
 
 
+def attend(
+    q: torch.Tensor,  # (B, Hq, Lq, D)
+    k: torch.Tensor,  # (B, Hk, Lk, D), Hq a multiple of Hk (query head h reads KV head h // (Hq // Hk))
+    v: torch.Tensor,  # (B, Hk, Lk, D)
+    mask: torch.Tensor | None,  # bool, broadcastable to (B, Hq, Lq, Lk) or (Lq, Lk); True = may attend
+    scale: float,
+    softcap: float | None = None,
+    causal: bool = False,  # with mask None: causal over the last Lq of Lk = Lq positions
+) -> torch.Tensor:  # (B, Hq, Lq, D)
+    """Attention with an optional score soft-cap: SDPA without one, explicit matmul + tanh + softmax with it."""
+    gqa = q.shape[1] != k.shape[1]
+    if softcap is None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal and mask is None,
+                                              scale=scale, enable_gqa=gqa)  # fmt: skip
+    b, hq, lq, d = q.shape
+    hk, lk = k.shape[1], k.shape[2]
+    qg = q.view(b, hk, hq // hk, lq, d)  # the query heads of each KV head
+    scores = torch.matmul(qg, k.unsqueeze(2).transpose(-1, -2)) * scale  # (B, Hk, G, Lq, Lk)
+    scores = torch.tanh(scores / softcap) * softcap
+    if mask is None and causal:
+        mask = torch.ones(lq, lk, dtype=torch.bool, device=q.device).tril(lk - lq)
+    if mask is not None:
+        scores = scores.masked_fill(~(mask if mask.dim() == 2 else mask.unsqueeze(2)), float("-inf"))
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    return torch.matmul(probs, v.unsqueeze(2)).view(b, hq, lq, d)
+
+
 def paged_attention(
     query: torch.Tensor,  # (num_tokens, num_heads, head_dim)
     k_cache: torch.Tensor,  # (num_blocks, block_size, num_kv_heads, head_dim)
@@ -69,6 +99,9 @@ def paged_attention(
     seq_lens: torch.Tensor,  # (num_seqs,) KV length including the new tokens
     scale: float,
     out: torch.Tensor | None = None,  # (num_tokens, num_heads, head_dim)
+    *,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Causal paged attention over mixed decode + prefill sequences; see :func:`.reference.paged_attention`."""
     if out is None:
@@ -84,7 +117,8 @@ def paged_attention(
     for decode in (True, False):
         seqs = [s for s in by_len if (q_lens[s] == 1) == decode and q_lens[s] > 0]
         for chunk in _chunks(seqs, kv_lens, block_size, bytes_per_pos):
-            _attend(query, k_cache, v_cache, block_tables, chunk, starts, q_lens, kv_lens, scale, out, decode)
+            _attend(query, k_cache, v_cache, block_tables, chunk, starts, q_lens, kv_lens, scale, out, decode,
+                    sliding_window, softcap)
     return out
 
 
@@ -115,6 +149,8 @@ def _attend(
     scale: float,
     out: torch.Tensor,  # (num_tokens, num_heads, head_dim) rows of the S sequences are written
     decode: bool,  # every sequence of `seqs` has exactly one query row
+    sliding_window: int | None,
+    softcap: float | None,
 ) -> None:
     """Attend S sequences, padded to their most query rows and longest KV, with one SDPA call."""
     num_seqs = len(seqs)
@@ -139,8 +175,10 @@ def _attend(
     if decode:  # one query row per sequence, at position len - 1
         rows = torch.tensor([starts[s] for s in seqs], device=device)  # (S,)
         q = query.index_select(0, rows).view(num_seqs, num_kv_heads, group, head_dim)
-        mask = (kv_pos < lens[:, None]).view(num_seqs, 1, 1, padded_kv)
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+        mask = kv_pos < lens[:, None]  # (S, padded_kv)
+        if sliding_window is not None:
+            mask &= kv_pos >= lens[:, None] - sliding_window
+        o = attend(q, k, v, mask.view(num_seqs, 1, 1, padded_kv), scale, softcap)
         out.index_copy_(0, rows, o.reshape(num_seqs, num_heads, head_dim).to(out.dtype))
         return
 
@@ -153,8 +191,10 @@ def _attend(
     rows = (first_rows[:, None] + j_clamped).reshape(-1)  # (S * max_q,) row of `query`
     q_pos = lens[:, None] - n_q[:, None] + j_clamped  # (S, max_q) absolute position of each row
     q = query.index_select(0, rows).view(num_seqs, max_q, num_heads, head_dim).transpose(1, 2)
-    mask = (kv_pos[None, None, :] <= q_pos[:, :, None]).unsqueeze(1)  # (S, 1, max_q, padded_kv)
-    o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
+    mask = kv_pos[None, None, :] <= q_pos[:, :, None]  # (S, max_q, padded_kv)
+    if sliding_window is not None:
+        mask &= kv_pos[None, None, :] > q_pos[:, :, None] - sliding_window
+    o = attend(q, k, v, mask.unsqueeze(1), scale, softcap)  # (S, num_heads, max_q, head_dim)
     o = o.transpose(1, 2).reshape(num_seqs * max_q, num_heads, head_dim)  # (S * max_q, num_heads, head_dim)
     if any(q_lens[s] != max_q for s in seqs):  # drop the padded rows
         keep = (j[None, :] < n_q[:, None]).reshape(-1).nonzero().squeeze(1)

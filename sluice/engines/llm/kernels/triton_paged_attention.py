@@ -11,7 +11,11 @@ Layout of the work (in the style of vLLM's unified attention):
   exits if its query block is past the sequence's end.
 * The program walks the sequence's KV positions ``BLOCK_N`` at a time, up to the last position its rows
   can see, looking up each position's physical block in the block table (an integer load, then computed
-  offsets: this also runs under ``TRITON_INTERPRET=1``), with an online softmax in fp32.
+  offsets: this also runs under ``TRITON_INTERPRET=1``), with an online softmax in fp32. With a sliding
+  window it starts at the first position its first row can see, so a long sequence costs a sliding layer
+  only the window, not the whole context.
+* Soft-capping (``HAS_SOFTCAP``) computes ``cap * tanh(score / cap)`` as ``cap * (2 * sigmoid(2x) - 1)``
+  (Triton has no portable tanh), then moves to base 2 for ``exp2``.
 
 Same contract as :func:`.reference.paged_attention`. Slots past a sequence's length are never loaded, so
 unlike the torch path, uninitialised cache memory is harmless here.
@@ -29,7 +33,9 @@ _LOG2E = 1.4426950408889634
 @triton.jit
 def _paged_attention_kernel(
     out_ptr, q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, qsl_ptr, seq_lens_ptr,
-    scale_log2,  # softmax scale * log2(e): scores are exponentiated with exp2
+    qk_scale,  # softmax scale, times log2(e) unless HAS_SOFTCAP: scores are exponentiated with exp2
+    softcap,  # HAS_SOFTCAP: scores -> softcap * tanh(scores / softcap)
+    sliding_window,  # HAS_WINDOW: a row sees positions > its own - sliding_window
     num_seqs,
     q_stride_t, q_stride_h, o_stride_t, o_stride_h,
     kc_stride_b, kc_stride_s, kc_stride_h, vc_stride_b, vc_stride_s, vc_stride_h,
@@ -41,6 +47,8 @@ def _paged_attention_kernel(
     BLOCK_N: tl.constexpr,  # KV positions per loop step
     BLOCK_D: tl.constexpr,  # head_dim rounded up to a power of two
     DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 inputs (no TF32 rounding), None otherwise
+    HAS_WINDOW: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr,
 ):
     pid = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -81,8 +89,12 @@ def _paged_attention_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     # the last row of this block sees positions < kv_end; nothing later is ever loaded
     kv_end = tl.minimum(seq_len, context_len + (q_block + 1) * BLOCK_Q)
+    kv_start = 0
+    if HAS_WINDOW:  # the first row of this block sees nothing before first_pos - window + 1
+        first_seen = tl.maximum(context_len + q_block * BLOCK_Q - sliding_window + 1, 0)
+        kv_start = (first_seen // BLOCK_N * BLOCK_N).to(tl.int32)
     bt_row = block_tables_ptr + seq * bt_stride_s
-    for start_n in range(0, kv_end, BLOCK_N):
+    for start_n in range(kv_start, kv_end, BLOCK_N):
         kv_pos = start_n + tl.arange(0, BLOCK_N)  # (BLOCK_N,)
         kv_ok = kv_pos < kv_end
         block_id = tl.load(bt_row + kv_pos // block_size, mask=kv_ok, other=0).to(tl.int64)
@@ -94,8 +106,12 @@ def _paged_attention_kernel(
         v = tl.load(v_cache_ptr + v_off[:, None] + offs_d[None, :],
                     mask=kv_ok[:, None] & d_ok[None, :], other=0.0)  # (BLOCK_N, BLOCK_D)
 
-        s = tl.dot(q, k, input_precision=DOT_PRECISION) * scale_log2  # (BLOCK_M, BLOCK_N) fp32
+        s = tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale  # (BLOCK_M, BLOCK_N) fp32
+        if HAS_SOFTCAP:
+            s = softcap * (2.0 * tl.sigmoid(2.0 * s / softcap) - 1.0) * 1.4426950408889634
         visible = (kv_pos[None, :] <= q_pos[:, None]) & kv_ok[None, :]
+        if HAS_WINDOW:
+            visible = visible & (kv_pos[None, :] > q_pos[:, None] - sliding_window)
         s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows that see nothing yet stay at zero
@@ -120,6 +136,9 @@ def paged_attention(
     seq_lens: torch.Tensor,  # (num_seqs,) int32, KV length including the new tokens
     scale: float,
     out: torch.Tensor | None = None,  # (num_tokens, num_heads, head_dim)
+    *,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Causal paged attention of mixed prefill + decode sequences; see :func:`.reference.paged_attention`.
 
@@ -155,7 +174,7 @@ def paged_attention(
     grid = (num_tokens // block_q + num_seqs, num_kv_heads)
     _paged_attention_kernel[grid](
         out, query, k_cache, v_cache, block_tables, query_start_loc, seq_lens,
-        scale * _LOG2E, num_seqs,
+        scale if softcap is not None else scale * _LOG2E, float(softcap or 0.0), int(sliding_window or 0), num_seqs,
         query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
@@ -164,5 +183,6 @@ def paged_attention(
         GROUP=group, BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=64,
         BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
         DOT_PRECISION="ieee" if query.dtype == torch.float32 else None,
+        HAS_WINDOW=sliding_window is not None, HAS_SOFTCAP=softcap is not None,
     )
     return out

@@ -3,12 +3,14 @@
 Not collected by the main test run: ``test_triton_interpret.py`` runs this file in a child pytest with
 ``TRITON_INTERPRET=1`` (the interpreter must be chosen before the kernels are decorated, and must not leak
 into the rest of the suite). The interpreter has no bf16, so fp32 and fp16 are covered here and bf16 only
-by the CUDA tests.
+by the CUDA tests. The last cases run tiny Gemma 2 and Mistral models end to end through the kernels.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,23 +18,24 @@ import torch
 if os.environ.get("TRITON_INTERPRET") != "1":
     pytest.skip("run through test_triton_interpret.py (needs TRITON_INTERPRET=1)", allow_module_level=True)
 
-from sluice.engines.llm import kernels  # noqa: E402
+from sluice.engines.llm import LLM, SamplingParams, kernels  # noqa: E402
 from sluice.engines.llm.kernels import reference  # noqa: E402
-from sluice.engines.llm.kernels.synthetic import LAYOUTS, Layout, make_batch  # noqa: E402
+from sluice.engines.llm.kernels.synthetic import LAYOUTS, WINDOWED_LAYOUTS, Layout, make_batch  # noqa: E402
 from sluice.engines.llm.kernels.triton_paged_attention import paged_attention  # noqa: E402
 from sluice.engines.llm.kernels.triton_store_kv import store_kv  # noqa: E402
+from tests.engines.llm.conftest import FAMILY_NEW_TOKENS, family_prompts  # noqa: E402
 
 TOLERANCES = {torch.float32: 2e-5, torch.float16: 4e-3}
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
-@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda layout: layout.name)
+@pytest.mark.parametrize("layout", LAYOUTS + WINDOWED_LAYOUTS, ids=lambda layout: layout.name)
 def test_attention_matches_reference(layout: Layout, dtype: torch.dtype) -> None:
     # NaN in every slot outside the sequences: the kernel must never load one
     batch = make_batch(layout, dtype=dtype, poison_unused=True)
-    expected = reference.paged_attention(*batch.args())
+    expected = reference.paged_attention(*batch.args(), **batch.options())
     out = torch.full_like(batch.query, float("nan"))  # rows the kernel forgets to write stay NaN
-    got = paged_attention(*batch.args(), out=out)
+    got = paged_attention(*batch.args(), out=out, **batch.options())
     assert got is out and got.dtype == dtype
     tol = TOLERANCES[dtype]
     torch.testing.assert_close(got, expected, atol=tol, rtol=tol)
@@ -72,3 +75,19 @@ def test_store_kv_with_an_odd_head_layout() -> None:
     reference.store_kv(key, value, k_ref, v_ref, slots)
     store_kv(key, value, k_cache, v_cache, slots)
     assert torch.equal(k_cache, k_ref) and torch.equal(v_cache, v_ref)
+
+
+@pytest.mark.parametrize("family", ["gemma2", "mistral"])
+def test_engine_through_the_kernels_equals_hf(family: str, tiny_family_dir: Callable[..., Path],
+                                              hf_greedy: Callable[..., list[list[int]]],
+                                              monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """Sliding windows (Mistral: every layer; Gemma 2: alternate layers) and Gemma 2's soft-capped scores
+    through the Triton kernels, end to end: greedy tokens equal HF's, speculative verifies included."""
+    monkeypatch.setenv("SLUICE_KERNELS", "triton")
+    llm = LLM(tiny_family_dir(family), enable_prefix_caching=False, num_speculative_tokens=2,
+              speculative_adaptive=False)  # fmt: skip
+    llm.runner.use_cpu_attention_plan = False  # the path CUDA takes: padded block tables, kernels per layer
+    prompts = family_prompts(llm.model_config.vocab_size)[:4]  # 5-37 tokens: the interpreter is slow
+    outputs = llm.generate(prompts, SamplingParams(max_tokens=FAMILY_NEW_TOKENS, ignore_eos=True))
+    assert [o.token_ids for o in outputs] == hf_greedy(family)[:4]
+    assert llm.stats.num_draft_tokens > 0

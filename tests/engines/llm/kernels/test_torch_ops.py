@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sluice.engines.llm.kernels import reference, torch_ops
-from sluice.engines.llm.kernels.synthetic import LAYOUTS, Layout, make_batch
+from sluice.engines.llm.kernels.synthetic import LAYOUTS, WINDOWED_LAYOUTS, Layout, make_batch
 
 TOLERANCES = {torch.float32: 2e-5, torch.float16: 4e-3}
 ONE_SEQ_PER_CHUNK = 1  # a CHUNK_BYTES that puts every sequence in a chunk of its own
@@ -28,6 +28,21 @@ def test_attention_matches_reference(layout: Layout, dtype: torch.dtype, chunk_b
     assert got is out and got.dtype == dtype
     tol = TOLERANCES[dtype]
     torch.testing.assert_close(got, expected, atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("chunk_bytes", [ONE_SEQ_PER_CHUNK, torch_ops.CHUNK_BYTES], ids=["chunk1", "chunkdefault"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+@pytest.mark.parametrize("layout", WINDOWED_LAYOUTS, ids=lambda layout: layout.name)
+def test_windowed_and_softcapped_attention_matches_reference(layout: Layout, dtype: torch.dtype,
+                                                             chunk_bytes: int) -> None:  # fmt: skip
+    batch = make_batch(layout, dtype=dtype)
+    with mock.patch.object(torch_ops, "CHUNK_BYTES", chunk_bytes):
+        expected = reference.paged_attention(*batch.args(), **batch.options())
+        got = torch_ops.paged_attention(*batch.args(), **batch.options())
+    tol = TOLERANCES[dtype]
+    torch.testing.assert_close(got, expected, atol=tol, rtol=tol)
+    # the window and the cap change the result: the test would notice them being ignored
+    assert not torch.allclose(got.float(), reference.paged_attention(*batch.args()).float(), atol=10 * tol)
 
 
 def test_attention_ignores_block_table_padding_and_stale_blocks() -> None:
@@ -48,16 +63,17 @@ def _layouts(draw: st.DrawFn) -> Layout:
     contexts = draw(st.lists(st.integers(0, 200), min_size=num_seqs, max_size=num_seqs))
     kv_lens = tuple(max(1, q + c) for q, c in zip(q_lens, contexts, strict=True))
     return Layout(q_lens, kv_lens, num_heads, num_kv_heads, draw(st.sampled_from([16, 32, 64])),
-                  draw(st.sampled_from([1, 4, 16])))
+                  draw(st.sampled_from([1, 4, 16])), sliding_window=draw(st.sampled_from([None, None, 1, 3, 17, 64])),
+                  softcap=draw(st.sampled_from([None, None, 1.5, 30.0])))
 
 
 @settings(max_examples=40, deadline=None)
 @given(layout=_layouts(), seed=st.integers(0, 2**16), chunk_bytes=st.sampled_from([1, 100_000, 1 << 30]))
 def test_attention_matches_reference_on_random_ragged_layouts(layout: Layout, seed: int, chunk_bytes: int) -> None:
     batch = make_batch(layout, num_blocks=256, seed=seed)
-    expected = reference.paged_attention(*batch.args())
+    expected = reference.paged_attention(*batch.args(), **batch.options())
     with mock.patch.object(torch_ops, "CHUNK_BYTES", chunk_bytes):
-        got = torch_ops.paged_attention(*batch.args())
+        got = torch_ops.paged_attention(*batch.args(), **batch.options())
     torch.testing.assert_close(got, expected, atol=2e-5, rtol=2e-5)
 
 

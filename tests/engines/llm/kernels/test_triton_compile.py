@@ -36,21 +36,24 @@ def _signature(kernel: object, ptr_types: Mapping[str, str], constexprs: Mapping
         elif name in constexprs:
             sig[name] = "constexpr"
         else:
-            sig[name] = "fp32" if name == "scale_log2" else "i32"
+            sig[name] = "fp32" if name in ("qk_scale", "softcap") else "i32"
     return sig
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("dtype", "group", "block_m", "precision"),
-    [("bf16", 3, 16, None), ("fp16", 8, 64, None), ("fp32", 1, 64, "ieee")],
-    ids=["bf16-decode-gqa3", "fp16-prefill-gqa8", "fp32-ieee-mha"],
+    ("dtype", "group", "block_m", "precision", "window", "softcap"),
+    [("bf16", 3, 16, None, False, False), ("fp16", 8, 64, None, True, False), ("fp32", 1, 64, "ieee", False, False),
+     ("bf16", 2, 64, None, True, True)],
+    ids=["bf16-decode-gqa3", "fp16-prefill-gqa8-window", "fp32-ieee-mha", "bf16-gemma2-window-softcap"],
 )
-def test_paged_attention_compiles_for_sm90(dtype: str, group: int, block_m: int, precision: str | None) -> None:
+def test_paged_attention_compiles_for_sm90(
+    dtype: str, group: int, block_m: int, precision: str | None, window: bool, softcap: bool
+) -> None:
     data = {name: f"*{dtype}" for name in ("out_ptr", "q_ptr", "k_cache_ptr", "v_cache_ptr")}
     ints = {name: "*i32" for name in ("block_tables_ptr", "qsl_ptr", "seq_lens_ptr")}
     constexprs = dict(GROUP=group, BLOCK_Q=block_m // group, BLOCK_M=block_m, BLOCK_N=64, BLOCK_D=64,
-                      DOT_PRECISION=precision)
+                      DOT_PRECISION=precision, HAS_WINDOW=window, HAS_SOFTCAP=softcap)
     sig = _signature(_paged_attention_kernel, data | ints, constexprs)
     compiled = triton.compile(ASTSource(_paged_attention_kernel, sig, constexprs=constexprs), target=SM90)
     assert compiled.asm.get("cubin")

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from sluice.engines.llm.kernels import reference
-from sluice.engines.llm.kernels.synthetic import LAYOUTS, Layout, make_batch
+from sluice.engines.llm.kernels.synthetic import LAYOUTS, WINDOWED_LAYOUTS, Layout, make_batch
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -14,14 +14,14 @@ TOLERANCES = {torch.float32: 2e-5, torch.float16: 4e-3, torch.bfloat16: 3e-2}
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda layout: layout.name)
+@pytest.mark.parametrize("layout", LAYOUTS + WINDOWED_LAYOUTS, ids=lambda layout: layout.name)
 def test_attention_matches_reference_on_gpu(layout: Layout, dtype: torch.dtype) -> None:
     from sluice.engines.llm.kernels.triton_paged_attention import paged_attention
 
     batch = make_batch(layout, dtype=dtype, poison_unused=True)
-    expected = reference.paged_attention(*batch.args())
+    expected = reference.paged_attention(*batch.args(), **batch.options())
     gpu = make_batch(layout, dtype=dtype, poison_unused=True, device="cuda")
-    got = paged_attention(*gpu.args(), out=torch.full_like(gpu.query, float("nan")))
+    got = paged_attention(*gpu.args(), out=torch.full_like(gpu.query, float("nan")), **gpu.options())
     tol = TOLERANCES[dtype]
     torch.testing.assert_close(got.cpu(), expected, atol=tol, rtol=tol)
 

@@ -1,0 +1,50 @@
+"""Self-attention over the paged KV cache, shared by every family.
+
+One fused Q/K/V matmul (with biases when the family has them), optional per-head q/k RMSNorm before the
+rotary (Qwen3, Gemma 3), rotary on the first ``rotary_dim`` dims, then :func:`store_and_attend` with this
+layer's :class:`AttentionParams` (scale, sliding window, logit soft-cap), then the output projection.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from sluice.engines.llm.attention import AttentionMetadata, AttentionParams, store_and_attend
+from sluice.engines.llm.config import ModelConfig
+from sluice.engines.llm.layers.norm import make_norm
+from sluice.engines.llm.layers.rotary import apply_rotary
+
+KVCache = tuple[torch.Tensor, torch.Tensor]  # (k, v), each (num_blocks, block_size, num_kv_heads, head_dim)
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.q_size = cfg.num_heads * cfg.head_dim
+        self.kv_size = cfg.num_kv_heads * cfg.head_dim
+        self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.qkv_bias)
+        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=cfg.o_bias)
+        self.q_norm = make_norm(cfg.head_dim, cfg.rms_norm_eps, cfg.gemma_norms) if cfg.qk_norm else None
+        self.k_norm = make_norm(cfg.head_dim, cfg.rms_norm_eps, cfg.gemma_norms) if cfg.qk_norm else None
+        self.params = AttentionParams(cfg.attn_scale, cfg.sliding_window(layer), cfg.attn_logit_softcap)
+
+    def forward(
+        self,
+        x: torch.Tensor,  # (num_tokens, hidden)
+        cos: torch.Tensor,  # (num_tokens, 1, rotary_dim)
+        sin: torch.Tensor,
+        kv_cache: KVCache,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:  # (num_tokens, hidden)
+        n = x.shape[0]
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(n, self.num_heads, self.head_dim)
+        k = k.view(n, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        v = v.view(n, self.num_kv_heads, self.head_dim)
+        o = store_and_attend(q, k, v, kv_cache[0], kv_cache[1], meta, self.params)
+        return self.o_proj(o.reshape(n, self.q_size))

@@ -1,0 +1,75 @@
+"""Llama (2, 3, 3.1, 3.2, 3.3; SmolLM2 and other Llama-shaped checkpoints): the reference decoder layer.
+
+Beyond the plain block, HF's ``LlamaForCausalLM`` has ``llama3`` rope scaling (factor, low/high frequency
+factors, original context; also linear, dynamic and yarn), tied embeddings (Llama 3.2 1B/3B), optional
+``attention_bias`` (q/k/v/o) and ``mlp_bias``. In GGUF (architecture ``llama``) llama.cpp's converter
+permutes the Q/K rows into interleaved rotary pairs, which the loader undoes, and stores llama3 scaling as a
+``rope_freqs`` tensor of per-frequency divisors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import torch
+from torch import nn
+
+from sluice.engines.llm.attention import AttentionMetadata
+from sluice.engines.llm.config import ModelConfig
+from sluice.engines.llm.layers.mlp import GatedMLP
+from sluice.engines.llm.layers.norm import make_norm
+from sluice.engines.llm.layers.self_attention import KVCache, SelfAttention
+from sluice.engines.llm.models.common import (
+    GGUFMetadata,
+    ModelFamily,
+    WeightNames,
+    gguf_base,
+    gguf_rope,
+    hf_base,
+    hf_rope,
+)
+
+
+class LlamaDecoderLayer(nn.Module):
+    """Pre-norm block: ``h += attn(norm(h)); h += mlp(norm(h))`` (also Mistral, Qwen2/3, Phi-3)."""
+
+    def __init__(self, cfg: ModelConfig, layer: int) -> None:
+        super().__init__()
+        self.input_layernorm = make_norm(cfg.hidden_size, cfg.rms_norm_eps, cfg.gemma_norms)
+        self.self_attn = SelfAttention(cfg, layer)
+        self.post_attention_layernorm = make_norm(cfg.hidden_size, cfg.rms_norm_eps, cfg.gemma_norms)
+        self.mlp = GatedMLP(cfg)
+
+    def forward(
+        self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: KVCache, meta: AttentionMetadata
+    ) -> torch.Tensor:  # (num_tokens, hidden) -> same
+        h = h + self.self_attn(self.input_layernorm(h), cos, sin, kv_cache, meta)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+def config_from_hf(cfg: dict[str, Any]) -> ModelConfig:
+    bias = bool(cfg.get("attention_bias", False))
+    return ModelConfig(**hf_base(cfg, "llama"), rope=hf_rope(cfg), qkv_bias=bias, o_bias=bias,
+                       mlp_bias=bool(cfg.get("mlp_bias", False)))  # fmt: skip
+
+
+def config_from_gguf(meta: GGUFMetadata) -> ModelConfig:
+    base = gguf_base(meta, "llama")
+    rope = gguf_rope(meta, base["head_dim"])
+    freq_factors = meta.tensor("rope_freqs.weight")
+    if freq_factors is not None:
+        rope = replace(rope, freq_factors=tuple(float(f) for f in freq_factors))
+    return ModelConfig(**base, rope=rope)
+
+
+FAMILY = ModelFamily(
+    name="llama",
+    hf_architectures=("LlamaForCausalLM",),
+    hf_model_types=("llama",),
+    gguf_architectures=("llama",),
+    config_from_hf=config_from_hf,
+    config_from_gguf=config_from_gguf,
+    decoder_layer=LlamaDecoderLayer,
+    weights=WeightNames(gguf_permute_qk=True),
+)

@@ -1,0 +1,59 @@
+"""The model families Sluice runs, and how a checkpoint picks one.
+
+A HF directory is matched by ``config.json``'s ``architectures`` (first entry), then its ``model_type``; a
+GGUF file by ``general.architecture``. Anything else is refused at start with one line naming what is
+supported. Adding a family is one module in this package plus one line in ``FAMILIES``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sluice.engines.llm.models import gemma2, gemma3, llama, mistral, phi3, qwen2, qwen3
+from sluice.engines.llm.models.common import ModelFamily
+
+FAMILIES: tuple[ModelFamily, ...] = (
+    llama.FAMILY,
+    mistral.FAMILY,
+    qwen2.FAMILY,
+    qwen3.FAMILY,
+    gemma2.FAMILY,
+    gemma3.FAMILY,
+    phi3.FAMILY,
+)
+
+
+def supported_hf() -> str:
+    return ", ".join(a for f in FAMILIES for a in f.hf_architectures)
+
+
+def supported_gguf() -> str:
+    return ", ".join(a for f in FAMILIES for a in f.gguf_architectures)
+
+
+def family_named(name: str) -> ModelFamily:
+    for family in FAMILIES:
+        if family.name == name:
+            return family
+    raise ValueError(f"unknown model family {name!r} (known: {', '.join(f.name for f in FAMILIES)})")
+
+
+def family_for_hf(cfg: dict[str, Any]) -> ModelFamily:
+    """The family of a HF ``config.json``: by architecture, else by model_type; ValueError if neither."""
+    archs = cfg.get("architectures") or []
+    for family in FAMILIES:
+        if archs and archs[0] in family.hf_architectures:
+            return family
+    model_type = cfg.get("model_type")
+    for family in FAMILIES:
+        if model_type in family.hf_model_types:
+            return family
+    what = f"architecture {archs[0]!r}" if archs else f"model_type {model_type!r}"
+    raise ValueError(f"{what} is not supported; supported architectures: {supported_hf()}")
+
+
+def family_for_gguf(architecture: str) -> ModelFamily:
+    for family in FAMILIES:
+        if architecture in family.gguf_architectures and family.config_from_gguf is not None:
+            return family
+    raise ValueError(f"GGUF architecture {architecture!r} is not supported; supported: {supported_gguf()}")
