@@ -23,17 +23,12 @@ import msgspec
 
 from sluice.config import Codec, Output
 from sluice.schemas.depth import may_exceed, nesting_depth
+from sluice.schemas.errors import CodecError
 
 if TYPE_CHECKING:
     from sluice.schemas.schema_format import SchemaFormat
 
-
-class CodecError(Exception):
-    """A record cannot be decoded or its result cannot be encoded. ``stage`` is 'decode' or 'encode'."""
-
-    def __init__(self, stage: str, message: str) -> None:
-        super().__init__(message)
-        self.stage = stage
+__all__ = ["CodecError", "RecordCodec"]
 
 
 def _enc_hook(value: Any) -> Any:

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from sluice.config import Codec, Output
-from sluice.schemas.codec import CodecError
+from sluice.schemas.errors import CodecError
 from sluice.schemas.registry import (
     RegistryUnavailable,
     SchemaRejected,
