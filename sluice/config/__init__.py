@@ -26,7 +26,7 @@ from pydantic import (
     model_validator,
 )
 
-from sluice.config_yaml import YamlPath, YamlProblem, load_yaml, read_text
+from sluice.config.yaml_file import YamlPath, YamlProblem, load_yaml, read_text
 from sluice.engines import registry
 from sluice.operator.batcher import BatchPolicy
 
@@ -416,7 +416,7 @@ def load_pipeline(path: str | Path, environ: Mapping[str, str] | None = None) ->
 def parse_pipeline(text: str, *, source: str = "<pipeline>", environ: Mapping[str, str] | None = None,
                    base_dir: Path | None = None) -> LoadedPipeline:
     """Validate pipeline YAML text; see :func:`load_pipeline`. Raises ConfigError, and nothing else: the
-    YAML is read within bounds (sluice/config_yaml.py), and an error no check foresaw still becomes one
+    YAML is read within bounds (sluice/config/yaml_file.py), and an error no check foresaw still becomes one
     line (naming it a bug) rather than a traceback."""
     try:
         return _parse(text, source, os.environ if environ is None else environ, base_dir)
