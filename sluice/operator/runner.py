@@ -34,7 +34,7 @@ from typing import Any, Protocol, cast
 from sluice.config import LoadedPipeline
 from sluice.engines.base import BatchEngine, ContinuousEngine, EngineError
 from sluice.operator.adaptive import AdaptivePolicy
-from sluice.operator.batcher import Batcher
+from sluice.operator.batcher import Batcher, BatchPolicy
 from sluice.operator.continuous import ContinuousWorker
 from sluice.operator.emitter import Emitter, Sink
 from sluice.operator.io_errors import SourceFailed
@@ -100,7 +100,7 @@ class Runner:
         self.codec = codec or RecordCodec(p.codec, p.sink.output)
         self.max_records, self.idle_exit_s, self.clock = max_records, idle_exit_s, clock
         b = p.batching
-        policy = b.policy()
+        policy = BatchPolicy.of(b)
         self.state = SharedState(batcher=Batcher(policy), tracker=OffsetTracker())
         if b.latency_target_ms is not None:
             self.state.adaptive = AdaptivePolicy(b.latency_target_ms / 1000, b.max_batch_size)
