@@ -11,6 +11,7 @@ sink           ``sink.output``, ``dead_letter``
 delivery       ``exactly_once``, ``runtime``
 telemetry      ``telemetry``
 pipeline       the whole file, and the rules between sections
+applies        options the chosen engine or delivery mode ignores: errors and warnings
 loader         reading a file: :func:`load_pipeline`, :func:`parse_pipeline`
 messages       :class:`ConfigError` and how a validation error reads to a user
 yaml_file      the bounded YAML reader

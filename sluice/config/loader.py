@@ -17,6 +17,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from sluice.config.applies import check_applicable
 from sluice.config.messages import ConfigError, describe, kind_of, short, where
 from sluice.config.pipeline import LoadedPipeline, Pipeline
 from sluice.config.yaml_file import YamlPath, YamlProblem, load_yaml, read_text
@@ -83,7 +84,11 @@ def _parse(text: str, source: str, environ: Mapping[str, str], base_dir: Path | 
         options = engine_type.options.model_validate(pipeline.engine.raw_options())
     except ValidationError as err:
         raise ConfigError(source, describe(err, ("engine",), lines)) from None
-    return LoadedPipeline(pipeline=pipeline, engine_options=options, base_dir=base_dir or Path.cwd())
+    found = check_applicable(pipeline, options, engine_type.continuous)
+    if found.errors:
+        raise ConfigError(source, [f"{where(loc, lines)}: {msg}" for loc, msg in found.errors])
+    return LoadedPipeline(pipeline=pipeline, engine_options=options, base_dir=base_dir or Path.cwd(),
+                          warnings=tuple(f"{where(loc, lines)}: {msg}" for loc, msg in found.warnings))
 
 
 def _interpolate(value: Any, path: YamlPath, environ: Mapping[str, str], problems: list[str],

@@ -79,3 +79,5 @@ class LoadedPipeline:
     pipeline: Pipeline
     engine_options: Any  # instance of the engine type's options model
     base_dir: Path  # directory of the pipeline file; relative paths in it resolve against this
+    # options that do nothing here, one line each with its YAML path (sluice/config/applies.py)
+    warnings: tuple[str, ...] = ()
