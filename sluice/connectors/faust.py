@@ -46,7 +46,7 @@ from sluice.config import Batching, EngineSection
 from sluice.engines import registry
 from sluice.engines.base import BatchEngine, EngineContext, first_line
 from sluice.operator.batcher import Batcher, BatchPolicy
-from sluice.operator.errors import Failed, infer_isolating
+from sluice.operator.bisection import Failed, infer_isolating
 
 
 class EventLike(Protocol):

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from sluice.engines.base import ContinuousEngine
-from sluice.operator.errors import Failed
+from sluice.operator.bisection import Failed
 from sluice.operator.observer import Observer
 from sluice.operator.record import Pending, TopicPartition
 from sluice.operator.worker import Settle, SharedState

@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 from confluent_kafka import KafkaError
 
 from sluice.config import Pipeline
+from sluice.operator.bisection import Failed
 from sluice.operator.containment import ConsecutiveFailures, error_text
 from sluice.operator.dead_letter import dead_letter, source_headers
-from sluice.operator.errors import Failed
 from sluice.operator.io_errors import ProduceFailed
 from sluice.operator.observer import Observer
 from sluice.operator.record import InputRecord, Pending, message_bytes

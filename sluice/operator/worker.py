@@ -15,9 +15,10 @@ from typing import Any
 from sluice.engines.base import BatchEngine
 from sluice.operator.adaptive import AdaptivePolicy
 from sluice.operator.batcher import Batcher
-from sluice.operator.errors import BatchSizeGovernor, Failed, infer_isolating
+from sluice.operator.bisection import Failed, infer_isolating
 from sluice.operator.observer import Observer
 from sluice.operator.offsets import OffsetTracker
+from sluice.operator.oom_governor import BatchSizeGovernor
 from sluice.operator.record import Pending
 from sluice.operator.release import ReleaseGate
 
