@@ -25,7 +25,6 @@ from sluice.operator.dead_letter import dead_letter, source_headers
 from sluice.operator.io_errors import ProduceFailed
 from sluice.operator.observer import Observer
 from sluice.operator.record import InputRecord, Pending, message_bytes
-from sluice.operator.release import ReleaseGate
 from sluice.operator.worker import SharedState
 from sluice.schemas.codec import CodecError, RecordCodec
 
@@ -180,13 +179,11 @@ class Emitter:
             outputs.append((out.topic, out.value, out.key, out.headers))
         if not outputs:
             return
-        num_dead = len(outputs) - num_results
-        gate = self.state.release
-        if gate is not None:
-            records, outputs, num_dead = self._in_order(gate, records, outputs, num_results)
-            if not outputs:
-                return
-        delivery = _Delivery(self, records)
+        with self.state.cond:  # in order under exactly-once (sluice/operator/ledger.py)
+            released, outputs, num_dead = self.state.ledger.release(records, outputs, num_results)
+        if not outputs:
+            return
+        delivery = _Delivery(self, released)
         delivery.num_dead_lettered = num_dead
         delivery.left = len(outputs)  # set before the first produce can be reported
         produce = self.sink.produce
@@ -209,21 +206,12 @@ class Emitter:
                       "engine, the codec or the input rather than at single records, so the operator stops "
                       "without committing past them (dead_letter.max_consecutive_failures sets how many)")
 
-    def _in_order(self, gate: ReleaseGate[tuple[InputRecord, Output, bool]], records: list[InputRecord],
-                  outputs: list[Output], num_results: int) -> tuple[list[InputRecord], list[Output], int]:
-        """What ``gate`` releases of these (record, output) pairs and of those it held before, in order."""
-        released: list[tuple[InputRecord, Output, bool]] = []
-        with self.state.cond:
-            for i, (r, out) in enumerate(zip(records, outputs, strict=True)):
-                released += gate.offer(r.tp, r.offset, (r, out, i >= num_results))
-        return [r for r, _, _ in released], [o for _, o, _ in released], sum(1 for _, _, d in released if d)
-
     def delivered(self, delivery: _Delivery) -> None:
         """Main thread, from a delivery report: every output of ``delivery`` is on the broker."""
         self.summary.num_out += len(delivery.records) - delivery.num_dead_lettered
         self.summary.num_dead_lettered += delivery.num_dead_lettered
         with self.state.cond:
-            self.state.tracker.ack_many((r.tp, r.offset) for r in delivery.records)
+            self.state.ledger.ack_many(delivery.records)
         self.observer.delivered(delivery.records, delivery.num_dead_lettered, self.clock())
 
     def delivery_failed(self, err: Any, msg: Any) -> None:

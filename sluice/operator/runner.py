@@ -38,10 +38,9 @@ from sluice.operator.batcher import Batcher, BatchPolicy
 from sluice.operator.continuous import ContinuousWorker
 from sluice.operator.emitter import Emitter, Sink
 from sluice.operator.io_errors import SourceFailed
+from sluice.operator.ledger import InFlightLedger
 from sluice.operator.observer import Observer
-from sluice.operator.offsets import OffsetTracker
 from sluice.operator.record import InputRecord, Pending, TopicPartition
-from sluice.operator.release import ReleaseGate
 from sluice.operator.stalls import StallingDecoder, Stalls
 from sluice.operator.transactions import TransactionFailed, Transactions
 from sluice.operator.worker import EngineWorker, SharedState
@@ -101,7 +100,7 @@ class Runner:
         self.max_records, self.idle_exit_s, self.clock = max_records, idle_exit_s, clock
         b = p.batching
         policy = BatchPolicy.of(b)
-        self.state = SharedState(batcher=Batcher(policy), tracker=OffsetTracker())
+        self.state = SharedState(batcher=Batcher(policy), ledger=InFlightLedger(in_order=p.delivery == "exactly_once"))
         if b.latency_target_ms is not None:
             self.state.adaptive = AdaptivePolicy(b.latency_target_ms / 1000, b.max_batch_size)
         self._measure = policy.bucket_by_length or policy.max_batch_tokens is not None  # need item lengths?
@@ -125,7 +124,6 @@ class Runner:
         self._resume_below = max(1, self._max_in_flight // 2)
         self.transactions: Transactions | None = None
         if p.delivery == "exactly_once":
-            self.state.release = ReleaseGate()
             self.transactions = Transactions(p.exactly_once, cast(Any, sink), cast(Any, source),
                                              hold=self._hold_engine, release=self._release_engine,
                                              watermarks=self._watermarks, forget_all=self._forget_all)
@@ -152,7 +150,7 @@ class Runner:
                 self._backpressure()
                 limit = _POLL_BATCH if self.max_records is None else min(_POLL_BATCH, self.max_records - self.summary.num_in)
                 # never poll past the in-flight bound (a poll of up to _POLL_BATCH would overshoot it)
-                limit = min(limit, max(1, self._max_in_flight - self.state.tracker.num_in_flight))
+                limit = min(limit, max(1, self._max_in_flight - self.state.ledger.num_in_flight))
                 records = self.source.poll(limit, _POLL_TIMEOUT_S) if limit > 0 else []
                 now = self.clock()
                 if records:
@@ -170,7 +168,7 @@ class Runner:
                     self.source.store(self._watermarks())
                     last_store = now
                 if now - last_tick >= _TICK_S:
-                    self.observer.tick(now, self.state.tracker.num_in_flight, self.source.lag())
+                    self.observer.tick(now, self.state.ledger.num_in_flight, self.source.lag())
                     last_tick = now
                 if self._finished(now, last_record):
                     break
@@ -199,9 +197,7 @@ class Runner:
         length -- either handles the record or sends that record alone to the dead-letter topic."""
         s = self.state
         with s.cond:
-            s.tracker.track_many((r.tp, r.offset) for r in records)
-            if s.release is not None:
-                s.release.track_many((r.tp, r.offset) for r in records)
+            s.ledger.track_many(records)
         self.summary.num_in += len(records)
         rejected: list[tuple[InputRecord, str, BaseException | None]] = []
         records = self._observe_polled(records, now, rejected)
@@ -288,7 +284,7 @@ class Runner:
         record at all). A paused partition keeps being polled for (so the group never evicts it) and resumes
         below half its share, once the total is below the low mark.
         """
-        tracker, source = self.state.tracker, self.source
+        tracker, source = self.state.ledger, self.source
         total, paused = tracker.num_in_flight, source.paused_partitions
         if not source.assignment or (not paused and total < self._max_in_flight // len(source.assignment)):
             return  # nothing can be over its share: the common case costs two lookups
@@ -315,7 +311,7 @@ class Runner:
         log.info("assigned %s", _names(tps))
         self._restarted_s = self.clock()
         self.observer.assigned(tps)
-        if self.state.tracker.num_in_flight >= self._max_in_flight:  # a rebalance must not undo backpressure
+        if self.state.ledger.num_in_flight >= self._max_in_flight:  # a rebalance must not undo backpressure
             self.source.pause(tps)
 
     def _on_revoke(self, tps: list[TopicPartition]) -> None:
@@ -347,10 +343,7 @@ class Runner:
             watermarks = {tp: off for tp, off in self._watermarks().items() if tp in revoked}
             self._release_engine()
         with s.cond:
-            for tp in tps:
-                s.tracker.forget(tp)
-                if s.release is not None:
-                    s.release.forget(tp)
+            s.ledger.forget(tps)
         self.source.commit(watermarks)
         self.observer.revoked(tps)
 
@@ -374,7 +367,7 @@ class Runner:
 
     def _watermarks(self) -> dict[TopicPartition, int]:
         with self.state.cond:
-            return self.state.tracker.watermarks()
+            return self.state.ledger.watermarks()
 
     def _forget_all(self) -> None:
         """Drop every queued record and all offset bookkeeping (before rewinding the consumer)."""
@@ -382,9 +375,7 @@ class Runner:
         self.source.resume(self.decoder.forget(self.decoder.stalls.partitions()))  # rewound: read them again
         with self.state.cond:
             self.state.batcher.remove(lambda p: True)
-            self.state.tracker.forget_all()
-            if self.state.release is not None:
-                self.state.release.forget_all()
+            self.state.ledger.forget_all()
         if isinstance(self.worker, ContinuousWorker):
             self.worker.drop_all()  # requests still generating belong to the aborted transaction's records
 
@@ -394,10 +385,7 @@ class Runner:
         self.decoder.forget(tps)
         with self.state.cond:
             self.state.batcher.remove(lambda p: p.record.tp in lost)
-            for tp in tps:
-                self.state.tracker.forget(tp)
-                if self.state.release is not None:
-                    self.state.release.forget(tp)
+            self.state.ledger.forget(tps)
         if isinstance(self.worker, ContinuousWorker):
             self.worker.drop(lost)
         if self.transactions is not None and self.emitter.fatal is None:
@@ -417,7 +405,7 @@ class Runner:
         if self.idle_exit_s is None or now - max(last_record, self._restarted_s) < self.idle_exit_s:
             return False
         with self.state.cond:
-            return len(self.state.batcher) == 0 and not self.state.busy and self.state.tracker.is_idle()
+            return len(self.state.batcher) == 0 and not self.state.busy and self.state.ledger.is_idle()
 
     def _shutdown(self) -> None:
         """Stop taking records, drain in-flight batches within the drain timeout, flush, commit, close."""
@@ -450,8 +438,8 @@ class Runner:
         else:
             left = self.sink.flush(max(1.0, deadline - self.clock()))
             with s.cond:
-                watermarks = s.tracker.watermarks()
-                unfinished = s.tracker.num_in_flight
+                watermarks = s.ledger.watermarks()
+                unfinished = s.ledger.num_in_flight
             if left or unfinished:
                 log.warning("drain timeout: %d records unfinished, %d deliveries outstanding; "
                             "they stay uncommitted and will be processed again", unfinished, left)

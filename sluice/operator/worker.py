@@ -16,11 +16,10 @@ from sluice.engines.base import BatchEngine
 from sluice.operator.adaptive import AdaptivePolicy
 from sluice.operator.batcher import Batcher
 from sluice.operator.bisection import Failed, infer_isolating
+from sluice.operator.ledger import InFlightLedger
 from sluice.operator.observer import Observer
-from sluice.operator.offsets import OffsetTracker
 from sluice.operator.oom_governor import BatchSizeGovernor
-from sluice.operator.record import Pending
-from sluice.operator.release import ReleaseGate
+from sluice.operator.record import InputRecord, Pending
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +31,7 @@ class SharedState:
     """What the intake thread and the engine thread share. Every field is guarded by ``cond``."""
 
     batcher: Batcher[Pending]
-    tracker: OffsetTracker
+    ledger: InFlightLedger[InputRecord, Any]  # every record between poll and delivery; in order under exactly-once
     cond: threading.Condition = field(default_factory=lambda: threading.Condition(threading.RLock()))
     busy: bool = False  # the engine thread holds a batch it has not finished producing
     hold: bool = False  # the intake thread asked the engine thread not to take new batches (revoke)
@@ -41,8 +40,6 @@ class SharedState:
     num_batches: int = 0
     num_batched_records: int = 0
     adaptive: AdaptivePolicy | None = None  # batching to a latency target, when configured
-    # exactly-once: outputs leave in input order per partition (sluice/operator/release.py)
-    release: ReleaseGate[Any] | None = None
 
 
 # (the batch, one engine result or Failed per record) -> produce outputs and settle offsets
