@@ -30,7 +30,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource
 from sluice.config import KafkaSecurity, RegistryTls, Tls
 from sluice.config import KafkaSink as KafkaSinkConfig
 from sluice.config import KafkaSource as KafkaSourceConfig
-from sluice.operator.io_errors import ProduceFailed, SourceFailed
+from sluice.operator.ports import ProduceFailed, SourceFailed
 from sluice.operator.record import InputRecord, TopicPartition
 
 log = logging.getLogger(__name__)

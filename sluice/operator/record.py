@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -56,3 +57,8 @@ def message_bytes(value: bytes | None, key: bytes | None, headers: Headers) -> i
     """Bytes of a record's value, key and headers: what counts against a topic's ``max.message.bytes``
     (less the record's own framing, which the sink's limits already leave room for)."""
     return len(value or b"") + len(key or b"") + sum(len(k) + len(v or b"") for k, v in headers)
+
+
+def names(tps: Iterable[TopicPartition]) -> str:
+    """``topic[partition], ...`` in order, for logs and messages."""
+    return ", ".join(f"{tp.topic}[{tp.partition}]" for tp in sorted(tps))
