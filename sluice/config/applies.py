@@ -3,7 +3,7 @@
 Each section validates on its own; this is where one section's choice makes another section's option
 meaningless. An option that would silently do nothing is never accepted without a word:
 
-* an **error** where ignoring it would break what the user asked for: an ``exactly_once:`` section under
+* an **error** where ignoring it would break what the user asked for: ``exactly_once:`` settings under
   ``delivery: at_least_once`` (the user believes in transactions that never happen), a latency target for
   an engine that schedules its own batches, a device name no engine knows;
 * a **warning** where it is harmless but does nothing (or less than its name says), e.g.
@@ -18,6 +18,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from sluice.config.base import Section
 from sluice.config.pipeline import Pipeline
 from sluice.config.yaml_file import YamlPath
 
@@ -59,15 +60,23 @@ def check_applicable(pipeline: Pipeline, engine_options: Any, continuous: bool) 
     return found
 
 
+def _changed(section: Section) -> set[str]:
+    """The keys of ``section`` set to something other than their default (a file that spells a default out,
+    or a dumped and reloaded model, changes nothing)."""
+    fields = type(section).model_fields
+    return {k for k in section.model_fields_set
+            if getattr(section, k) != fields[k].get_default(call_default_factory=True)}
+
+
 def _delivery(p: Pipeline, found: Findings) -> None:
-    if p.delivery == "at_least_once" and "exactly_once" in p.model_fields_set:
+    if p.delivery == "at_least_once" and _changed(p.exactly_once):
         found.errors.append((("exactly_once",), "applies only with delivery: exactly_once, and delivery is "
                                                 "at_least_once here: add 'delivery: exactly_once', or remove "
                                                 "this section"))
 
 
 def _continuous_batching(p: Pipeline, engine: str, found: Findings) -> None:
-    given = p.batching.model_fields_set
+    given = _changed(p.batching)
     if "latency_target_ms" in given:
         found.errors.append((("batching", "latency_target_ms"),
                              f"does not apply to engine {engine}, which schedules its own running batch; size "

@@ -3,6 +3,7 @@ what was asked for, a warning where they merely do nothing -- each naming the YA
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -39,8 +40,16 @@ def test_batching_for_the_llm_engine_warns_per_key_and_a_latency_target_is_an_er
     assert delay.startswith("batching.max_queue_delay_ms (line 5)") and "does not apply" in delay
     assert size.startswith("batching.max_batch_size (line 6)") and "engine.max_num_seqs" in size
     assert parse_pipeline(LLM, environ={}).warnings == ()  # defaults are not the user's choice
+    assert parse_pipeline(LLM + "batching: {max_batch_size: 32, latency_target_ms: null}\n", environ={}).warnings == ()
     message = problems(LLM + "batching: {latency_target_ms: 200}\n")
     assert "batching.latency_target_ms" in message and "does not apply to engine llm" in message
+
+
+def test_a_dumped_and_reloaded_pipeline_is_as_valid_as_the_original() -> None:
+    for text in (BASE, LLM, BASE + "delivery: exactly_once\nexactly_once: {transaction_interval_ms: 200}\n"):
+        loaded = parse_pipeline(text, environ={})
+        again = parse_pipeline(json.dumps(loaded.pipeline.model_dump(mode="json")), environ={})
+        assert again.pipeline == loaded.pipeline and again.warnings == loaded.warnings == ()
 
 
 def test_batching_for_a_batch_engine_is_quiet_and_preserve_order_there_warns() -> None:
