@@ -52,6 +52,10 @@ class KafkaSource(Section):
     group_id: str = Field(min_length=1)
     auto_offset_reset: Literal["earliest", "latest"] = "earliest"
     security: KafkaSecurity | None = None
+    # Static group membership: a group.instance.id of sluice-<group_id>-<hostname>-<slot> (the slot as for
+    # the transactional id, sluice/operator/instance.py), so a process restarted after a crash gets its
+    # partitions back at once instead of after session.timeout.ms. A group.instance.id in `config` wins.
+    static_membership: bool = True
     # librdkafka settings passed through unchanged (timeouts...; they override `security`). Values may come
     # from ${ENV}.
     config: dict[str, str | int | float | bool] = Field(default_factory=dict)

@@ -24,14 +24,17 @@ from sluice.operator.record import InputRecord, TopicPartition
 
 log = logging.getLogger(__name__)
 
+_LEAVE_TIMEOUT_S = 10.0  # how long a static member's close waits for its revoke before closing anyway
+
 
 class KafkaSource:
     """Consumes the pipeline's topics. All methods are called from the operator's main thread."""
 
     def __init__(self, cfg: KafkaSourceConfig, commit_interval_ms: int, clock: Callable[[], float] = time.monotonic,
-                 transactional: bool = False) -> None:
+                 transactional: bool = False, group_instance_id: str | None = None) -> None:
         """``transactional``: offsets are committed only through the producer's transactions
-        (exactly-once), never by this consumer, and only committed input records are read."""
+        (exactly-once), never by this consumer, and only committed input records are read.
+        ``group_instance_id``: static group membership (a ``group.instance.id`` in ``cfg.config`` wins)."""
         self.cfg = cfg
         self._clock = clock
         self.transactional = transactional
@@ -54,9 +57,16 @@ class KafkaSource:
         }
         if transactional:
             conf.update({"enable.auto.commit": False, "isolation.level": "read_committed"})
+        if group_instance_id is not None:
+            # Static membership: a process restarted under the same id (after a crash) gets its partitions
+            # back at once, without a rebalance, as long as it returns within session.timeout.ms.
+            conf["group.instance.id"] = group_instance_id
         conf.update(security_config(cfg.security))
         conf.update(cfg.config)
         self._consumer = Consumer(conf)
+        member = conf.get("group.instance.id")
+        self.group_instance_id = None if member is None else str(member)
+        self._failed = False  # a fatal error: the consumer cannot leave the group any more
         self._paused: set[TopicPartition] = set()
         self.assignment: set[TopicPartition] = set()
         self._tps: dict[tuple[str, int], TopicPartition] = {}  # one object per partition, not per record
@@ -243,17 +253,28 @@ class KafkaSource:
         return self._paused
 
     def close(self) -> None:
+        """Leave the group and close. A static member's ``close`` alone would not leave (KIP-345: its
+        partitions would wait for the session timeout, as if it had crashed), so it unsubscribes first and
+        serves the revoke: the group hands its partitions over at once, as a dynamic member's would."""
         try:
+            if self.group_instance_id is not None and self.assignment and not self._failed:
+                self._consumer.unsubscribe()
+                deadline = time.monotonic() + _LEAVE_TIMEOUT_S
+                while self.assignment and time.monotonic() < deadline:
+                    self._consumer.poll(0.1)  # serves the revoke; a record fetched meanwhile is not tracked
             self._consumer.close()
         except (KafkaException, RuntimeError) as err:  # after a fatal error, or closed twice
             log.debug("closing the consumer: %s", err)
 
     def _on_error(self, err: KafkaError) -> None:
         if err.fatal() or err.code() == KafkaError._FATAL:  # an error event reports a fatal error as _FATAL
+            self._failed = True
             hint = ""
-            if "group.instance.id" in self.cfg.config or "fenced" in err.str().lower():
-                hint = (" (another running consumer uses this group.instance.id: each process of a group needs "
-                        "its own)")
+            if self.group_instance_id is not None or "fenced" in err.str().lower():
+                hint = (f" (another running consumer uses this group.instance.id, {self.group_instance_id}: each "
+                        "process of a group needs its own. The default, sluice-<group>-<hostname>-<slot>, is "
+                        "unique on one host; where two hosts share a hostname, set "
+                        "source.kafka.static_membership: false or a group.instance.id of your own per process)")
             raise SourceFailed(f"kafka consumer: fatal error: {err.str()}{hint}")
         # Transient: broker down, leader moving... librdkafka retries by itself.
         log.warning("kafka consumer: %s", err.str())
