@@ -10,7 +10,7 @@ Headers = list[tuple[str, bytes]]
 
 
 class TopicPartition(NamedTuple):
-    """A partition of a topic. A tuple, so hashing it (per record, in the offset tracker) runs in C."""
+    """A partition of a topic. A tuple, so hashing it (per record, in the in-flight ledger) runs in C."""
 
     topic: str
     partition: int

@@ -28,7 +28,7 @@ _LEAVE_TIMEOUT_S = 10.0  # how long a static member's close waits for its revoke
 
 
 class KafkaSource:
-    """Consumes the pipeline's topics. All methods are called from the operator's main thread."""
+    """Consumes the pipeline's topics. All methods are called from the operator's intake thread."""
 
     def __init__(self, cfg: KafkaSourceConfig, commit_interval_ms: int, clock: Callable[[], float] = time.monotonic,
                  transactional: bool = False, group_instance_id: str | None = None) -> None:
