@@ -81,7 +81,9 @@ def _parse(text: str, source: str, environ: Mapping[str, str], base_dir: Path | 
         raise ConfigError(source, [f"{where(('engine', 'type'), lines)}: engine '{pipeline.engine.type}' is not "
                                    f"available in this installation ({err})"]) from None
     try:
-        options = engine_type.options.model_validate(pipeline.engine.raw_options())
+        # base_dir: engine options may name files relative to the pipeline file (a JSON Schema, say)
+        options = engine_type.options.model_validate(pipeline.engine.raw_options(),
+                                                     context={"base_dir": base_dir or Path.cwd()})
     except ValidationError as err:
         raise ConfigError(source, describe(err, ("engine",), lines)) from None
     found = check_applicable(pipeline, options, engine_type.continuous)
