@@ -65,6 +65,7 @@ def _first_line(log: str, fragment: str) -> str:
     return next(line for line in log.splitlines() if fragment in line)
 
 
+@pytest.mark.slow
 def test_a_process_killed_and_restarted_gets_its_partitions_back_within_seconds(kafka_bootstrap: str,
                                                                                tmp_path: Path) -> None:
     topics = make_topics(kafka_bootstrap, partitions=2)
@@ -103,6 +104,7 @@ def test_a_process_killed_and_restarted_gets_its_partitions_back_within_seconds(
     assert committed_offsets(kafka_bootstrap, group, t_in) == end_offsets(kafka_bootstrap, t_in)
 
 
+@pytest.mark.slow
 def test_a_static_member_stopped_with_sigterm_hands_its_partitions_over_at_once(kafka_bootstrap: str,
                                                                                 tmp_path: Path) -> None:
     """Closing alone, a static member would hold its partitions for the session timeout, as if crashed; a
