@@ -81,6 +81,8 @@ def _validate(args: argparse.Namespace) -> int:
     if loaded is None:
         return EXIT_FAILED
     p = loaded.pipeline
+    for warning in loaded.warnings:
+        print(f"{args.pipeline}: warning: {warning}", file=sys.stderr)
     print(f"{args.pipeline}: ok ({p.source.kafka.topics} -> {p.engine.type} -> {p.sink.kafka.topic})")
     return EXIT_OK
 
@@ -91,6 +93,8 @@ def _run(args: argparse.Namespace) -> int:
     loaded = _load(args.pipeline)
     if loaded is None:
         return EXIT_FAILED
+    for warning in loaded.warnings:
+        log.warning("%s: %s", args.pipeline, warning)
     try:
         runner, engine = build_runner(loaded, max_records=args.max_records, idle_exit_s=args.idle_exit)
     except StartError as err:

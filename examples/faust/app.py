@@ -22,7 +22,7 @@ import faust
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # `examples.functions` from a checkout
 
-from sluice.connectors.faust import Enricher  # noqa: E402 - after the path set-up above
+from sluice.adapters.faust import Enricher  # noqa: E402 - after the path set-up above
 
 BOOTSTRAP = os.environ.get("SLUICE_KAFKA_BOOTSTRAP", "127.0.0.1:9092")
 

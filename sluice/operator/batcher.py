@@ -30,7 +30,10 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar
+
+if TYPE_CHECKING:
+    from sluice.config import Batching
 
 T = TypeVar("T")
 
@@ -52,6 +55,13 @@ class BatchPolicy:
             raise ValueError("max_batch_tokens must be at least 1")
         if self.bucket_width < 1:
             raise ValueError("bucket_width must be at least 1")
+
+    @classmethod
+    def of(cls, batching: Batching) -> BatchPolicy:
+        """The policy a pipeline's ``batching`` section describes."""
+        return cls(max_batch_size=batching.max_batch_size, max_queue_delay_s=batching.max_delay_s,
+                   bucket_by_length=batching.bucket_by == "tokens", max_batch_tokens=batching.max_batch_tokens,
+                   bucket_width=batching.bucket_width)
 
 
 @dataclass(slots=True)

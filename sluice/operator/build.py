@@ -10,7 +10,7 @@ from typing import Any
 from sluice.config import LoadedPipeline
 from sluice.engines import registry
 from sluice.engines.base import BatchEngine, ContinuousEngine, EngineContext, EngineStartError, first_line
-from sluice.operator.instance import InstanceSlot, NoFreeSlot, claim_slot
+from sluice.operator.instance import InstanceSlot, NoFreeSlot, claim_slot, instance_name
 from sluice.operator.observer import Observer
 from sluice.operator.runner import Runner
 from sluice.operator.topics import TopicProblem, check_topics
@@ -83,17 +83,26 @@ def build_runner(loaded: LoadedPipeline, *, observer: Observer | None = None,
         observer.stopped()
         raise
     exactly_once = p.delivery == "exactly_once"
+    src = p.source.kafka
     slot: InstanceSlot | None = None
     try:
-        txn_id = None
-        if exactly_once:
-            txn_id = p.exactly_once.transactional_id
-            if txn_id is None:
-                slot = claim_slot(p.source.kafka.group_id)
-                txn_id = f"sluice-{p.source.kafka.group_id}-{socket.gethostname()}-{slot.slot}"
+        # One instance slot per process names both its transactional id and its static group membership,
+        # unless the pipeline names them itself (sluice/operator/instance.py).
+        txn_id = p.exactly_once.transactional_id if exactly_once else None
+        member_id = src.config.get("group.instance.id")
+        if (exactly_once and txn_id is None) or (src.static_membership and member_id is None):
+            slot = claim_slot(src.group_id)
+            name = instance_name(src.group_id, socket.gethostname(), slot.slot)
+            txn_id = txn_id or (name if exactly_once else None)
+            member_id = member_id or (name if src.static_membership else None)
+        if txn_id is not None:
             log.info("exactly-once with transactional id %s", txn_id)
-        source = KafkaSource(p.source.kafka, p.runtime.commit_interval_ms, transactional=exactly_once)
-        sink = KafkaSink(p.sink.kafka.bootstrap_servers or p.source.kafka.bootstrap_servers, p.sink.kafka,
+        if member_id is not None:
+            log.info("static group membership as %s: restarted under this id, a process gets its partitions "
+                     "back at once", member_id)
+        source = KafkaSource(src, p.runtime.commit_interval_ms, transactional=exactly_once,
+                             group_instance_id=None if member_id is None else str(member_id))
+        sink = KafkaSink(p.sink.kafka.bootstrap_servers or src.bootstrap_servers, p.sink.kafka,
                          transactional_id=txn_id, transaction_timeout_ms=p.exactly_once.transaction_timeout_ms)
     except (KafkaException, NoFreeSlot) as err:
         if slot is not None:
@@ -101,7 +110,8 @@ def build_runner(loaded: LoadedPipeline, *, observer: Observer | None = None,
         engine.close()
         observer.stopped()
         if isinstance(err, NoFreeSlot):
-            raise StartError(f"exactly-once: {err}") from None
+            raise StartError(f"instance slot (for the transactional id and the static group membership): {err}"
+                             ) from None
         raise StartError(f"kafka client configuration: {err.args[0].str()}") from None
     on_close = (slot.release,) if slot is not None else ()
     return Runner(loaded, source, sink, engine, observer=observer, on_close=on_close, codec=codec,

@@ -22,7 +22,7 @@ What stops the operator instead -- failures that are not about one record:
   ``dead_letter.max_consecutive_failures`` records in a row have failed, so that a broken engine, codec or
   upstream producer does not quietly move a whole topic to the dead-letter topic.
 
-Each stage says where records enter it: ``Runner._intake`` (decode, headers, prepare), the engine workers
+Each stage says where records enter it: ``Intake.take`` (sluice/operator/intake.py: decode, headers, prepare), the engine workers
 (infer), ``Emitter.settle`` (encode, output key and headers, size) and ``Emitter.emit`` (dead letters).
 """
 

@@ -11,102 +11,69 @@ from __future__ import annotations
 
 import itertools
 import logging
-import threading
 from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 from sluice.engines.base import ContinuousEngine
-from sluice.operator.errors import Failed
+from sluice.operator.bisection import Failed
+from sluice.operator.emitter import Emitter
 from sluice.operator.observer import Observer
 from sluice.operator.record import Pending, TopicPartition
-from sluice.operator.worker import Settle, SharedState
+from sluice.operator.state import SharedState
+from sluice.operator.worker import EngineThread
 
 log = logging.getLogger(__name__)
 
 _IDLE_WAIT_S = 0.1  # with nothing queued and nothing running, re-check this often
 
 
-class ContinuousWorker(threading.Thread):
+class ContinuousWorker(EngineThread[list[Pending]]):
     """Owns every call to the continuous engine's ``add`` / ``step`` / ``abort``."""
 
-    def __init__(self, state: SharedState, engine: ContinuousEngine, settle: Settle, clock: Callable[[], float],
+    def __init__(self, state: SharedState, engine: ContinuousEngine, emitter: Emitter, clock: Callable[[], float],
                  observer: Observer, preserve_order: bool = False) -> None:
-        super().__init__(name="sluice-engine", daemon=True)
-        self.state, self.engine, self.settle, self.clock, self.observer = state, engine, settle, clock, observer
+        super().__init__(state, emitter, clock, observer)
+        self.engine = engine
         self.preserve_order = preserve_order
-        self.error: BaseException | None = None
         self._keys = itertools.count()
         self._running: dict[int, Pending] = {}  # key -> record, for requests added and not finished
-        self._to_drop: set[TopicPartition] = set()  # revoked partitions whose requests must be aborted
         self._order: dict[TopicPartition, deque[int]] = {}  # preserve_order: keys per partition, input order
         self._done: dict[int, tuple[Pending, object]] = {}  # preserve_order: finished, waiting for earlier ones
 
-    def drop(self, tps: set[TopicPartition]) -> None:
-        """Abort the requests of ``tps`` before the next step (called by the intake thread on revoke)."""
-        with self.state.cond:
-            self._to_drop |= tps
+    def _exit(self) -> None:
+        for key in list(self._running):  # stopped with requests unfinished: they stay uncommitted
+            self.engine.abort(key)
+        self._running.clear()
 
-    def drop_all(self) -> None:
-        """Abort every request before the next step (an aborted transaction rewinds every partition)."""
-        with self.state.cond:
-            self._to_drop |= {p.record.tp for p in self._running.values()}
-            self._to_drop |= set(self._order)
-
-    def run(self) -> None:
-        try:
-            while (new := self._next()) is not None:
-                try:
-                    self._advance(new)
-                finally:
-                    with self.state.cond:
-                        self.state.busy = False
-                        self.state.cond.notify_all()
-        except BaseException as err:  # a bug, not a bad record: stop the operator
-            log.exception("engine thread failed")
-            self.error = err
-            with self.state.cond:
-                self.state.stopped = True
-                self.state.cond.notify_all()
-        finally:
-            for key in list(self._running):  # stopped with requests unfinished: they stay uncommitted
-                self.engine.abort(key)
-            self._running.clear()
-
-    def _next(self) -> list[Pending] | None:
-        """Records to add now (maybe none, when there is running work to step); None to exit."""
+    def _take(self, now: float) -> list[Pending] | None:
+        """Records to add now; an empty list when there is only running work to step; None: nothing to do."""
         s = self.state
-        with s.cond:
-            while True:
-                if s.stopped:
-                    return None
-                self._abort_dropped()
-                if not s.hold:
-                    room = self.engine.room()
-                    new = s.batcher.next_batch(float("inf"), room) if room > 0 and len(s.batcher) else None
-                    if new or self._running:
-                        s.busy = True
-                        if new:
-                            s.num_batches += 1
-                            s.num_batched_records += len(new)
-                        return new or []
-                    if s.draining:
-                        return None
-                s.cond.wait(_IDLE_WAIT_S)
+        room = self.engine.room()
+        new = s.batcher.next_batch(float("inf"), room) if room > 0 and len(s.batcher) else None
+        if new:
+            s.summary.num_batches += 1
+            s.summary.num_batched_records += len(new)
+            return new
+        return [] if self._running else None
 
-    def _abort_dropped(self) -> None:
-        if not self._to_drop:
+    def _wait_s(self, now: float) -> float | None:
+        return _IDLE_WAIT_S
+
+    def _abandon(self, everything: bool, tps: set[TopicPartition]) -> None:
+        if everything:
+            tps = {p.record.tp for p in self._running.values()} | set(self._order)
+        if not tps:
             return
         for key, pending in list(self._running.items()):
-            if pending.record.tp in self._to_drop:
+            if pending.record.tp in tps:
                 self.engine.abort(key)
                 del self._running[key]
-        for tp in self._to_drop:
+        for tp in tps:
             for key in self._order.pop(tp, ()):
                 self._done.pop(key, None)
-        self._to_drop.clear()
 
-    def _advance(self, new: list[Pending]) -> None:
+    def _process(self, new: list[Pending]) -> None:
         """Records enter the engine here. Per-record containment (containment.py): ``add`` raising, or
         ``step`` returning an exception, fails that record alone; ``step`` itself raising is the engine
         failing, and stops the operator."""
@@ -134,7 +101,7 @@ class ContinuousWorker(threading.Thread):
 
     def _emit(self, finished: list[tuple[int, Pending, Any]]) -> None:
         if not self.preserve_order:
-            self.settle([p for _, p, _ in finished], [o for _, _, o in finished])
+            self.emitter.settle([p for _, p, _ in finished], [o for _, _, o in finished])
             return
         touched = set()
         for key, pending, outcome in finished:
@@ -146,4 +113,4 @@ class ContinuousWorker(threading.Thread):
             while order and order[0] in self._done:
                 ready.append(self._done.pop(order.popleft()))
         if ready:
-            self.settle([p for p, _ in ready], [o for _, o in ready])
+            self.emitter.settle([p for p, _ in ready], [o for _, o in ready])

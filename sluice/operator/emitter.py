@@ -1,8 +1,10 @@
 """The output side: results become output records (or dead-letter records), are produced, and their
-delivery reports acknowledge the inputs in the offset tracker.
+delivery reports acknowledge the inputs in the in-flight ledger.
 
 ``settle`` runs on the engine thread (a finished batch); ``emit`` also on the intake thread (records that
-failed to decode). Delivery reports arrive on the main thread, the only one that polls the producer.
+failed to decode). Delivery reports arrive on the intake thread, the only one that polls the producer.
+The ledger decides what may be produced now (in input order under exactly-once) and, once delivered, which
+offsets the delivery strategy may commit (sluice/operator/delivery/).
 
 Per-record containment (sluice/operator/containment.py) holds here too: whatever fails while one result
 becomes its output record (encoding, the output key, headers and trace context, the size check) sends
@@ -14,36 +16,24 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any
 
 from confluent_kafka import KafkaError
 
 from sluice.config import Pipeline
+from sluice.operator.bisection import Failed
 from sluice.operator.containment import ConsecutiveFailures, error_text
 from sluice.operator.dead_letter import dead_letter, source_headers
-from sluice.operator.errors import Failed
-from sluice.operator.io_errors import ProduceFailed
 from sluice.operator.observer import Observer
+from sluice.operator.ports import ProduceFailed, Sink
 from sluice.operator.record import InputRecord, Pending, message_bytes
-from sluice.operator.release import ReleaseGate
-from sluice.operator.worker import SharedState
+from sluice.operator.state import SharedState
 from sluice.schemas.codec import CodecError, RecordCodec
-
-if TYPE_CHECKING:
-    from sluice.operator.runner import RunSummary
 
 log = logging.getLogger(__name__)
 
 Output = tuple[str, bytes | None, bytes | None, list[tuple[str, bytes]]]  # topic, value, key, headers
 Failure = tuple[InputRecord, str, BaseException | None]  # record, stage, error
-
-
-class Sink(Protocol):
-    def produce(self, topic: str, value: bytes | None, key: bytes | None, headers: list[tuple[str, bytes]],
-                on_delivery: Any) -> None: ...  # raises ProduceFailed
-    def poll(self, timeout_s: float = 0) -> int: ...
-    def flush(self, timeout_s: float) -> int: ...
-    def max_message_bytes(self, topic: str) -> int: ...
 
 
 class OversizedResult(Exception):
@@ -53,7 +43,7 @@ class OversizedResult(Exception):
 class _Delivery:
     """Delivery-report callback shared by all records produced together (one batch, or one poll's rejects).
 
-    Called by librdkafka once per produced record, on the thread that serves delivery reports (the main
+    Called by librdkafka once per produced record, on the thread that serves delivery reports (the intake
     thread: the engine thread never polls the producer), so ``left`` needs no lock.
     """
 
@@ -75,12 +65,13 @@ class _Delivery:
 
 
 class Emitter:
-    """Encodes, produces and acknowledges. ``fatal`` is set when the operator must stop."""
+    """Encodes, produces and acknowledges. A failure that must stop the operator becomes the state's stop
+    reason (:meth:`SharedState.stop <sluice.operator.state.SharedState.stop>`)."""
 
     def __init__(self, pipeline: Pipeline, sink: Sink, codec: RecordCodec, state: SharedState, observer: Observer,
-                 summary: RunSummary, clock: Callable[[], float]) -> None:
-        self.sink, self.codec, self.state, self.observer, self.summary, self.clock = (
-            sink, codec, state, observer, summary, clock)
+                 clock: Callable[[], float]) -> None:
+        self.sink, self.codec, self.state, self.observer, self.clock = sink, codec, state, observer, clock
+        self.summary = state.summary
         self.out_topic = pipeline.sink.kafka.topic
         self.dlq_topic = pipeline.dead_letter.topic if pipeline.dead_letter else None
         self.keep_key = pipeline.sink.output.key == "input"
@@ -88,7 +79,6 @@ class Emitter:
         self.max_output_bytes = self.max_dead_letter_bytes = 1_000_000
         self.failures = ConsecutiveFailures(pipeline.dead_letter.max_consecutive_failures
                                             if pipeline.dead_letter else None)
-        self.fatal: str | None = None
 
     def read_topic_limits(self) -> None:
         self.max_output_bytes = self.sink.max_message_bytes(self.out_topic)
@@ -138,9 +128,9 @@ class Emitter:
     def emit(self, records: list[InputRecord], outputs: list[Output], failed: list[Failure],
              order: list[bool] | None = None) -> None:
         """Produce ``outputs`` (one per record in ``records``) and dead-letter records for ``failed``; the
-        inputs are acked together once every one of them is delivered. Under exactly-once the state's
-        release gate holds each output back until every earlier record of its partition has been produced
-        (sluice/operator/release.py).
+        inputs are acked together once every one of them is delivered. Under exactly-once the ledger holds
+        each output back until every earlier record of its partition has been produced
+        (sluice/operator/ledger.py).
 
         ``order``: True (an output) or False (a failure) per record, in the order they were settled
         (default: the outputs, then the failures). When ``dead_letter.max_consecutive_failures`` records in
@@ -153,18 +143,17 @@ class Emitter:
                 allowed = self.failures.observe(order if order is not None
                                                 else [True] * num_results + [False] * len(failed))
             if allowed < len(failed):
-                if self.fatal is None:  # the first record refused says why; later ones change nothing
-                    self._stop_on_failures(failed[allowed])
+                self._stop_on_failures(failed[allowed])  # the first record refused says why
                 failed = failed[:allowed]
         elif num_results:
             with self.state.cond:
                 self.failures.observe((True,))
         for r, stage, err in failed:
             if self.dlq_topic is None:
-                self.fatal = (f"record {r.tp.topic}[{r.tp.partition}]@{r.offset} failed at {stage}: "
-                              f"{_one_line(err or 'unknown error')}; no dead_letter topic is configured, so the "
-                              "operator stops here without committing past it (configure dead_letter.topic to "
-                              "divert such records)")
+                self.state.stop(f"record {r.tp.topic}[{r.tp.partition}]@{r.offset} failed at {stage}: "
+                                f"{_one_line(err or 'unknown error')}; no dead_letter topic is configured, so the "
+                                "operator stops here without committing past it (configure dead_letter.topic to "
+                                "divert such records)")
                 continue  # never acked: the watermark stays before it
             # room for the trace header the observer may add
             out = dead_letter(r, self.dlq_topic, stage, err or "unknown error", self.max_dead_letter_bytes - 256)
@@ -180,13 +169,11 @@ class Emitter:
             outputs.append((out.topic, out.value, out.key, out.headers))
         if not outputs:
             return
-        num_dead = len(outputs) - num_results
-        gate = self.state.release
-        if gate is not None:
-            records, outputs, num_dead = self._in_order(gate, records, outputs, num_results)
-            if not outputs:
-                return
-        delivery = _Delivery(self, records)
+        with self.state.cond:  # in order under exactly-once (sluice/operator/ledger.py)
+            released, outputs, num_dead = self.state.ledger.release(records, outputs, num_results)
+        if not outputs:
+            return
+        delivery = _Delivery(self, released)
         delivery.num_dead_lettered = num_dead
         delivery.left = len(outputs)  # set before the first produce can be reported
         produce = self.sink.produce
@@ -194,7 +181,7 @@ class Emitter:
             for topic, value, key, headers in outputs:
                 produce(topic, value, key, headers, delivery)
         except ProduceFailed as err:  # none of this batch is acked, so nothing past it is committed
-            self.fatal = f"{err}; stopping without committing past this batch's inputs"
+            self.state.stop(f"{err}; stopping without committing past this batch's inputs")
 
     def _observe_rejected(self, failed: list[Failure]) -> None:
         try:
@@ -204,26 +191,17 @@ class Emitter:
 
     def _stop_on_failures(self, last: Failure) -> None:
         r, stage, err = last
-        self.fatal = (f"{self.failures.run} records in a row failed (the last, {r.tp.topic}[{r.tp.partition}]"
-                      f"@{r.offset}, at {stage}: {_one_line(err or 'unknown error')}); that many point at the "
-                      "engine, the codec or the input rather than at single records, so the operator stops "
-                      "without committing past them (dead_letter.max_consecutive_failures sets how many)")
-
-    def _in_order(self, gate: ReleaseGate[tuple[InputRecord, Output, bool]], records: list[InputRecord],
-                  outputs: list[Output], num_results: int) -> tuple[list[InputRecord], list[Output], int]:
-        """What ``gate`` releases of these (record, output) pairs and of those it held before, in order."""
-        released: list[tuple[InputRecord, Output, bool]] = []
-        with self.state.cond:
-            for i, (r, out) in enumerate(zip(records, outputs, strict=True)):
-                released += gate.offer(r.tp, r.offset, (r, out, i >= num_results))
-        return [r for r, _, _ in released], [o for _, o, _ in released], sum(1 for _, _, d in released if d)
+        self.state.stop(f"{self.failures.run} records in a row failed (the last, {r.tp.topic}[{r.tp.partition}]"
+                        f"@{r.offset}, at {stage}: {_one_line(err or 'unknown error')}); that many point at the "
+                        "engine, the codec or the input rather than at single records, so the operator stops "
+                        "without committing past them (dead_letter.max_consecutive_failures sets how many)")
 
     def delivered(self, delivery: _Delivery) -> None:
-        """Main thread, from a delivery report: every output of ``delivery`` is on the broker."""
+        """Intake thread, from a delivery report: every output of ``delivery`` is on the broker."""
         self.summary.num_out += len(delivery.records) - delivery.num_dead_lettered
         self.summary.num_dead_lettered += delivery.num_dead_lettered
         with self.state.cond:
-            self.state.tracker.ack_many((r.tp, r.offset) for r in delivery.records)
+            self.state.ledger.ack_many(delivery.records)
         self.observer.delivered(delivery.records, delivery.num_dead_lettered, self.clock())
 
     def delivery_failed(self, err: Any, msg: Any) -> None:
@@ -232,8 +210,8 @@ class Emitter:
             # delivered; those records were forgotten and the consumer rewound, so they are processed again.
             log.debug("delivery to %s purged: %s", msg.topic(), err.str())
             return
-        self.fatal = (f"could not deliver a record to {msg.topic()}: {err.str()}; "
-                      "stopping without committing past its input")
+        self.state.stop(f"could not deliver a record to {msg.topic()}: {err.str()}; "
+                        "stopping without committing past its input")
 
 
 _PURGED = (KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT)

@@ -1,10 +1,17 @@
 """Instance slots: a small number, unique among the live Sluice processes of one consumer group on this host.
 
-Exactly-once needs a transactional id per running producer that is also *stable across restarts*: a restarted
-process that registers its predecessor's id aborts the transaction the predecessor left open at once, while
-a fresh id leaves it open until the broker's transaction timeout, and ``read_committed`` readers downstream
-stall behind it. The hostname alone is stable but not unique once several processes share a host; a random
-id is unique but not stable.
+Two ids must be unique per running process and *stable across its restarts*, and both are named
+``sluice-<group>-<hostname>-<slot>`` (:func:`instance_name`):
+
+* the transactional id of exactly-once: a restarted process that registers its predecessor's id aborts the
+  transaction the predecessor left open at once, while a fresh id leaves it open until the broker's
+  transaction timeout, and ``read_committed`` readers downstream stall behind it;
+* the ``group.instance.id`` of static group membership: a process restarted under its predecessor's id gets
+  the predecessor's partitions back at once, while a fresh member waits until the group has given up on the
+  dead one (``session.timeout.ms``, 45 s by default) and then rebalances.
+
+The hostname alone is stable but not unique once several processes share a host; a random id is unique but
+not stable.
 
 A slot gives both. Each process takes the lowest free slot ``0, 1, 2...`` by holding an exclusive ``flock``
 on ``<lock dir>/<group>.<slot>.lock`` for as long as it runs. Guarantees:
@@ -57,6 +64,11 @@ class InstanceSlot:
         if self._fd is not None:
             os.close(self._fd)  # closing the last descriptor of the file description drops the flock
             self._fd = None
+
+
+def instance_name(group: str, hostname: str, slot: int) -> str:
+    """The id of the process holding ``slot``: its transactional id and its ``group.instance.id``."""
+    return f"sluice-{group}-{hostname}-{slot}"
 
 
 def claim_slot(name: str, lock_dir: Path | None = None) -> InstanceSlot:

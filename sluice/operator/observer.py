@@ -2,7 +2,8 @@
 
 The runner calls an :class:`Observer` at fixed points, per poll, per batch and per delivery -- never per
 record unless the observer asks for it (``injects_headers``), so an observer that is off costs nothing per
-record. Calls come from two threads (see each method); an observer guards its own shared state.
+record. Calls come from two threads, the intake thread (the caller's: poll, delivery reports) and the engine
+thread (see each method); an observer guards its own shared state.
 
 Per-record state an observer needs later (a trace context, say) goes into ``InputRecord.trace``.
 """
@@ -21,29 +22,29 @@ class Observer:
     injects_headers = False  # True: the runner calls ``output_headers`` once per produced record
 
     def engine_started(self, engine: Any, warmup_s: float) -> None:
-        """Main thread, once, before the runner is built: ``engine.start()`` (load, warm-up) took ``warmup_s``."""
+        """Intake thread, once, before the runner is built: ``engine.start()`` (load, warm-up) took ``warmup_s``."""
 
     def started(self) -> None:
-        """Main thread, once, before the first poll (the engine is started and warmed up by then)."""
+        """Intake thread, once, before the first poll (the engine is started and warmed up by then)."""
 
     def assigned(self, tps: Sequence[TopicPartition]) -> None:
-        """Main thread: partitions were assigned."""
+        """Intake thread: partitions were assigned."""
 
     def revoked(self, tps: Sequence[TopicPartition]) -> None:
-        """Main thread: partitions were revoked or lost (their in-flight work is finished or dropped)."""
+        """Intake thread: partitions were revoked or lost (their in-flight work is finished or dropped)."""
 
     def polled(self, records: Sequence[InputRecord], now_s: float) -> None:
-        """Main thread: records just polled (before decoding). ``now_s`` is the runner's monotonic clock."""
+        """Intake thread: records just polled (before decoding). ``now_s`` is the runner's monotonic clock."""
 
     def rejected(self, failures: Sequence[tuple[InputRecord, str, BaseException | None]]) -> None:
         """Either thread: records that go to the dead-letter topic (or stop the operator): (record, stage, error)."""
 
     def stalled(self, tp: TopicPartition, reason: str, retry_in_s: float, first: bool) -> None:
-        """Main thread: ``tp`` is paused because its next record waits for the schema registry (``first``: it
+        """Intake thread: ``tp`` is paused because its next record waits for the schema registry (``first``: it
         just stalled; else a retry failed). Its records are retried in ``retry_in_s``."""
 
     def unstalled(self, tp: TopicPartition, stalled_s: float) -> None:
-        """Main thread: ``tp``'s stall ended after ``stalled_s`` (its records went through, or it was revoked)."""
+        """Intake thread: ``tp``'s stall ended after ``stalled_s`` (its records went through, or it was revoked)."""
 
     def batch_started(self, batch: Sequence[Pending], now_s: float) -> Any:
         """Engine thread: a batch leaves the batcher for the engine. The return value comes back below."""
@@ -62,11 +63,11 @@ class Observer:
         return []
 
     def delivered(self, records: Sequence[InputRecord], num_dead_lettered: int, now_s: float) -> None:
-        """Main thread: every output of ``records`` is acknowledged by the broker."""
+        """Intake thread: every output of ``records`` is acknowledged by the broker."""
 
     def tick(self, now_s: float, num_in_flight: int, lag: dict[TopicPartition, int]) -> None:
-        """Main thread, about once a second: a moment for status lines and gauges."""
+        """Intake thread, about once a second: a moment for status lines and gauges."""
 
     def stopped(self) -> None:
-        """Main thread, once, after the final commit (or when the operator fails to start after the observer
+        """Intake thread, once, after the final commit (or when the operator fails to start after the observer
         was built: then it releases what the observer holds)."""

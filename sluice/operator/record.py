@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -9,7 +10,7 @@ Headers = list[tuple[str, bytes]]
 
 
 class TopicPartition(NamedTuple):
-    """A partition of a topic. A tuple, so hashing it (per record, in the offset tracker) runs in C."""
+    """A partition of a topic. A tuple, so hashing it (per record, in the in-flight ledger) runs in C."""
 
     topic: str
     partition: int
@@ -56,3 +57,8 @@ def message_bytes(value: bytes | None, key: bytes | None, headers: Headers) -> i
     """Bytes of a record's value, key and headers: what counts against a topic's ``max.message.bytes``
     (less the record's own framing, which the sink's limits already leave room for)."""
     return len(value or b"") + len(key or b"") + sum(len(k) + len(v or b"") for k, v in headers)
+
+
+def names(tps: Iterable[TopicPartition]) -> str:
+    """``topic[partition], ...`` in order, for logs and messages."""
+    return ", ".join(f"{tp.topic}[{tp.partition}]" for tp in sorted(tps))

@@ -1,87 +1,53 @@
-"""The runtime: wires source -> decode/prepare -> batcher -> engine -> encode -> sink, and commits offsets.
+"""The runtime: wires source -> intake -> batcher -> engine thread -> emitter -> sink, and runs the poll loop.
 
-Threads: the caller's thread runs the intake loop (poll, decode, prepare, delivery reports, offset
-storing, rebalances); an :class:`EngineWorker` thread runs the engine. They share one lock-guarded state.
+The one place that builds the operator's parts and hands each what it needs. A record's path, hop by hop,
+one file per hop (docs/architecture.md walks it):
 
-At-least-once, step by step, for every input record:
+1. ``source.poll`` (sluice/connectors/kafka/source.py), called by :meth:`Runner.run` below;
+2. :class:`~sluice.operator.intake.Intake`: tracked in the ledger, decoded, prepared, queued in the batcher;
+3. the engine thread (sluice/operator/worker.py, continuous.py) takes a batch and runs the engine;
+4. :class:`~sluice.operator.emitter.Emitter`: each result becomes an output record and is produced;
+5. the delivery report acks the record in the ledger (sluice/operator/ledger.py);
+6. the delivery strategy (sluice/operator/delivery/) stores or commits the ledger's watermark.
 
-1. ``tracker.track`` as soon as it is polled -- before anything can be produced for it;
-2. its output (or dead-letter record) is produced together with the rest of its batch, under one
-   delivery callback whose count of outstanding reports is set before the first produce (``emitter.py``);
-3. ``tracker.ack`` once every record of that batch has a successful delivery report;
-4. only the tracker's watermark is stored, and librdkafka commits what was stored.
-
-Per-record containment (sluice/operator/containment.py): any exception raised by the work done for one
-record sends that record to the dead-letter topic and the operator goes on; only failures that are not
-about one record stop it. Records enter at ``_intake`` (headers, decode, prepare), the engine workers
-(infer) and ``Emitter.settle`` (encode, output key and headers).
-
-A record rejected with no dead-letter topic configured is never acked: the watermark stops before it and
-the operator stops. A delivery failure also stops the operator without committing past that record.
+Threads: the caller's thread is the *intake thread* (the loop below: poll, intake, delivery reports, the
+delivery strategy, rebalance callbacks); the engine thread runs beside it. What they share lives in
+:class:`~sluice.operator.state.SharedState`; the first reason to stop is its ``stop_reason``.
 """
 
 from __future__ import annotations
 
 import gc
 import logging
-import operator
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any, Protocol, cast
 
 from sluice.config import LoadedPipeline
-from sluice.engines.base import BatchEngine, ContinuousEngine, EngineError
+from sluice.engines.base import BatchEngine, ContinuousEngine
 from sluice.operator.adaptive import AdaptivePolicy
-from sluice.operator.batcher import Batcher
+from sluice.operator.backpressure import Backpressure
+from sluice.operator.batcher import Batcher, BatchPolicy
 from sluice.operator.continuous import ContinuousWorker
-from sluice.operator.emitter import Emitter, Sink
-from sluice.operator.io_errors import SourceFailed
+from sluice.operator.delivery import STRATEGIES, Outcome
+from sluice.operator.emitter import Emitter
+from sluice.operator.intake import Intake
+from sluice.operator.ledger import InFlightLedger
 from sluice.operator.observer import Observer
-from sluice.operator.offsets import OffsetTracker
-from sluice.operator.record import InputRecord, Pending, TopicPartition
-from sluice.operator.release import ReleaseGate
+from sluice.operator.ports import Sink, Source, SourceFailed
+from sluice.operator.record import Pending, TopicPartition, names
 from sluice.operator.stalls import StallingDecoder, Stalls
-from sluice.operator.transactions import TransactionFailed, Transactions
-from sluice.operator.worker import EngineWorker, SharedState
+from sluice.operator.state import RunSummary, SharedState
+from sluice.operator.worker import EngineThread, EngineWorker
 from sluice.schemas.codec import RecordCodec
 
 log = logging.getLogger(__name__)
 
+__all__ = ["Runner", "RunSummary"]
+
 _POLL_BATCH = 500  # records taken from the consumer per poll call
 _POLL_TIMEOUT_S = 0.05  # how long an idle poll waits; bounds delivery-report and stop latency
 _TICK_S = 1.0  # how often the observer gets a tick (status line, gauges)
-
-
-class Source(Protocol):
-    assignment: set[TopicPartition]
-
-    def subscribe(self, on_assign: Any, on_revoke: Any, on_lost: Any) -> None: ...
-    def poll(self, max_records: int, timeout_s: float) -> list[InputRecord]: ...
-    def store(self, watermarks: dict[TopicPartition, int]) -> None: ...
-    def commit(self, watermarks: dict[TopicPartition, int]) -> None: ...
-    def pause(self, tps: Any) -> None: ...
-    def resume(self, tps: Any) -> None: ...
-    def lag(self) -> dict[TopicPartition, int]: ...
-    @property
-    def paused_partitions(self) -> set[TopicPartition]: ...
-    def close(self) -> None: ...
-
-
-@dataclass
-class RunSummary:
-    num_in: int = 0
-    num_out: int = 0
-    num_dead_lettered: int = 0
-    num_batches: int = 0
-    num_batched_records: int = 0
-    elapsed_s: float = 0.0
-    error: str | None = None  # why the operator stopped on its own, if it did
-
-    @property
-    def mean_batch_size(self) -> float:
-        return self.num_batched_records / self.num_batches if self.num_batches else 0.0
 
 
 class Runner:
@@ -97,38 +63,33 @@ class Runner:
         p = loaded.pipeline
         self.pipeline = p
         self.source, self.sink, self.engine = source, sink, engine
-        self.codec = codec or RecordCodec(p.codec, p.sink.output)
         self.max_records, self.idle_exit_s, self.clock = max_records, idle_exit_s, clock
-        b = p.batching
-        policy = b.policy()
-        self.state = SharedState(batcher=Batcher(policy), tracker=OffsetTracker())
-        if b.latency_target_ms is not None:
-            self.state.adaptive = AdaptivePolicy(b.latency_target_ms / 1000, b.max_batch_size)
-        self._measure = policy.bucket_by_length or policy.max_batch_tokens is not None  # need item lengths?
         self.observer = observer or Observer()
-        self.summary = RunSummary()
+        codec = codec or RecordCodec(p.codec, p.sink.output)
+        b = p.batching
+        delivery_type = STRATEGIES[p.delivery]
+        adaptive = (AdaptivePolicy(b.latency_target_ms / 1000, b.max_batch_size)
+                    if b.latency_target_ms is not None else None)
+        self.state = SharedState(Batcher(BatchPolicy.of(b)), InFlightLedger(in_order=delivery_type.in_order),
+                                 adaptive)
+        self.summary = self.state.summary
         registry = p.codec.schema_registry
         stalls = Stalls(max_stall_s=registry.max_outage_s) if registry is not None else Stalls()
-        self.decoder = StallingDecoder(self.codec, stalls, source.pause, source.resume, self.observer)
-        self.emitter = Emitter(p, sink, self.codec, self.state, self.observer, self.summary, clock)
-        self.worker: EngineWorker | ContinuousWorker
-        if isinstance(engine, ContinuousEngine):
-            self.worker = ContinuousWorker(self.state, engine, self.emitter.settle, clock, self.observer,
-                                           preserve_order=p.sink.output.preserve_order)
-        else:
-            self.worker = EngineWorker(self.state, engine, self.emitter.settle, clock, self.observer)
+        decoder = StallingDecoder(codec, stalls, source.pause, source.resume, self.observer)
+        self.emitter = Emitter(p, sink, codec, self.state, self.observer, clock)
+        self.intake = Intake(self.state, decoder, engine, self.emitter, self.observer)
+        self.worker: EngineThread[list[Pending]] = (
+            ContinuousWorker(self.state, engine, self.emitter, clock, self.observer,
+                             preserve_order=p.sink.output.preserve_order)
+            if isinstance(engine, ContinuousEngine) else
+            EngineWorker(self.state, engine, self.emitter, clock, self.observer))
+        self.backpressure = Backpressure(p.runtime.max_in_flight, _POLL_BATCH, self.state, source,
+                                         self.intake.is_stalled)
+        self.delivery = delivery_type(p, self.state, source, sink, clock)
         self._stop = threading.Event()
         self._on_close = tuple(on_close)
         # when partitions were last (re)assigned or rewound: records may come again, so idle time starts over
         self._restarted_s = float("-inf")
-        self._max_in_flight = p.runtime.max_in_flight
-        self._resume_below = max(1, self._max_in_flight // 2)
-        self.transactions: Transactions | None = None
-        if p.delivery == "exactly_once":
-            self.state.release = ReleaseGate()
-            self.transactions = Transactions(p.exactly_once, cast(Any, sink), cast(Any, source),
-                                             hold=self._hold_engine, release=self._release_engine,
-                                             watermarks=self._watermarks, forget_all=self._forget_all)
 
     # ------------------------------------------------------------------------------------------- public
 
@@ -139,43 +100,40 @@ class Runner:
     def run(self) -> RunSummary:
         """Consume until stopped, then drain, flush, commit. The engine must already be started."""
         started = self.clock()
+        state = self.state
         self.emitter.read_topic_limits()
         gc_thresholds = _relax_gc()
         self.worker.start()
         self.observer.started()
-        last_store = last_record = last_tick = started
+        last_record = last_tick = started
         try:
-            if self.transactions is not None:
-                self.transactions.start(started, 0)
-            self.source.subscribe(self._on_assign, self._on_revoke, self._on_lost)
-            while not self._stop.is_set() and self.emitter.fatal is None and self.worker.error is None:
-                self._backpressure()
-                limit = _POLL_BATCH if self.max_records is None else min(_POLL_BATCH, self.max_records - self.summary.num_in)
-                # never poll past the in-flight bound (a poll of up to _POLL_BATCH would overshoot it)
-                limit = min(limit, max(1, self._max_in_flight - self.state.tracker.num_in_flight))
+            self.delivery.start(started)
+            if state.stop_reason is None:
+                self.source.subscribe(self._on_assign, self._on_revoke, self._on_lost)
+            while not self._stop.is_set() and state.stop_reason is None:
+                self.backpressure.apply()
+                limit = self.backpressure.poll_limit(
+                    None if self.max_records is None else self.max_records - self.summary.num_in)
                 records = self.source.poll(limit, _POLL_TIMEOUT_S) if limit > 0 else []
                 now = self.clock()
                 if records:
-                    self._intake(records, now)
+                    self.intake.take(records, now)
                     last_record = now
-                if self.decoder.stalls:
-                    self._retry_stalled(now)
+                if self.intake.has_stalls:
+                    if self.intake.retry_stalled(now):
+                        self._restarted_s = now  # their later records come now: idle time starts over
                 elif not self.source.assignment:
                     last_record = now  # idle time counts only while partitions are assigned
                 self.sink.poll(0)
-                if self.transactions is not None:
-                    if self.transactions.due(now, self.state.num_batches):
-                        self.transactions.commit(now, self.state.num_batches)
-                elif now - last_store >= self.pipeline.runtime.commit_interval_ms / 1000:
-                    self.source.store(self._watermarks())
-                    last_store = now
+                if self.delivery.tick(now) is Outcome.REWOUND:
+                    self._start_over()
                 if now - last_tick >= _TICK_S:
-                    self.observer.tick(now, self.state.tracker.num_in_flight, self.source.lag())
+                    self.observer.tick(now, state.ledger.num_in_flight, self.source.lag())
                     last_tick = now
                 if self._finished(now, last_record):
                     break
-        except (TransactionFailed, SourceFailed) as err:
-            self.emitter.fatal = str(err)
+        except SourceFailed as err:
+            state.stop(str(err))
         finally:
             try:
                 self._shutdown()
@@ -186,228 +144,41 @@ class Runner:
             gc.set_threshold(*gc_thresholds)
             gc.unfreeze()
         self.summary.elapsed_s = self.clock() - started
-        self.summary.num_batches = self.state.num_batches
-        self.summary.num_batched_records = self.state.num_batched_records
-        self.summary.error = self.emitter.fatal or (repr(self.worker.error) if self.worker.error else None)
+        self.summary.error = state.stop_reason
         return self.summary
 
-    # ------------------------------------------------------------------------------------------- intake
-
-    def _intake(self, records: list[InputRecord], now: float) -> None:
-        """Records enter the operator here. Per-record containment (containment.py): each step below that
-        looks at one record's content -- its headers and trace context, decoding, ``prepare`` and its
-        length -- either handles the record or sends that record alone to the dead-letter topic."""
-        s = self.state
-        with s.cond:
-            s.tracker.track_many((r.tp, r.offset) for r in records)
-            if s.release is not None:
-                s.release.track_many((r.tp, r.offset) for r in records)
-        self.summary.num_in += len(records)
-        rejected: list[tuple[InputRecord, str, BaseException | None]] = []
-        records = self._observe_polled(records, now, rejected)
-        decoded, decode_rejected = self.decoder.decode(records, now)
-        rejected.extend(decode_rejected)
-        self._admit(decoded, rejected, now)
-
-    def _retry_stalled(self, now: float) -> None:
-        """Partitions waiting for the schema registry: retry those due, stop past the outage limit."""
-        decoded, rejected, resumed = self.decoder.retry(now)
-        if decoded or rejected:
-            self._admit(decoded, rejected, now)
-        if resumed:
-            self._restarted_s = now  # their later records come now: idle time starts over
-        expired = self.decoder.expired(now)
-        if expired is not None:
-            self.emitter.fatal = expired
-
-    def _admit(self, decoded: list[tuple[InputRecord, Any, Any]],
-               rejected: list[tuple[InputRecord, str, BaseException | None]], now: float) -> None:
-        """Decoded records to the batcher (after ``prepare``), rejected ones to the dead-letter topic."""
-        s = self.state
-        accepted = self._prepare(decoded, rejected)
-        with s.cond:
-            s.batcher.add_many(accepted, now)
-            if s.adaptive is not None:
-                s.adaptive.arrivals.observe(len(accepted), now)
-            s.cond.notify_all()
-        self.emitter.emit([], [], rejected)
-
-    def _observe_polled(self, records: list[InputRecord], now: float,
-                        rejected: list[tuple[InputRecord, str, BaseException | None]]) -> list[InputRecord]:
-        """The observer's ``polled`` (trace context from each record's headers) for the whole poll; record by
-        record only when that fails, to find the records it fails on. Returns the records that passed."""
-        try:
-            self.observer.polled(records, now)
-            return records
-        except Exception:
-            pass
-        passed = []
-        for r in records:
-            try:
-                self.observer.polled([r], now)
-            except Exception as err:
-                rejected.append((r, "headers", err))
-            else:
-                passed.append(r)
-        return passed
-
-    def _prepare(self, decoded: list[tuple[InputRecord, Any, Any]],
-                 rejected: list[tuple[InputRecord, str, BaseException | None]]) -> list[tuple[Pending, int]]:
-        """Engine ``prepare`` (and ``item_length``) for all records at once; one by one only when that fails,
-        so that only the records it fails on alone are dead-lettered, with the engine's own exception."""
-        engine = self.engine
-        try:
-            items = engine.prepare([v for _, _, v in decoded])
-            if len(items) != len(decoded):
-                raise EngineError(f"prepare returned {len(items)} items for {len(decoded)} values")
-            if self._measure:
-                return [(Pending(r, d, it), _length(engine, it)) for (r, d, _), it in zip(decoded, items, strict=True)]
-            return [(Pending(r, d, it), 1) for (r, d, _), it in zip(decoded, items, strict=True)]
-        except Exception:
-            pass
-        accepted = []
-        for r, d, v in decoded:
-            try:
-                items = engine.prepare([v])
-                if len(items) != 1:
-                    raise EngineError(f"prepare returned {len(items)} items for one value")
-                accepted.append((Pending(r, d, items[0]), _length(engine, items[0]) if self._measure else 1))
-            except Exception as err:  # RecordError, or anything else the engine raises on this one input
-                rejected.append((r, "prepare", err))
-        return accepted
-
-    # ----------------------------------------------------------------------------- flow and rebalances
-
-    def _backpressure(self) -> None:
-        """Pause the partitions over their share of ``max_in_flight``; resume those with room again.
-
-        Each assigned partition may hold up to its share (``max_in_flight`` / partitions) of records in flight,
-        and all of them together ``max_in_flight``. Pausing only the partitions over their share matters:
-        librdkafka hands out each fetch partition by partition, so with all partitions paused and resumed
-        together the one served first in every fetch crowds the others out (seen: a partition that got no
-        record at all). A paused partition keeps being polled for (so the group never evicts it) and resumes
-        below half its share, once the total is below the low mark.
-        """
-        tracker, source = self.state.tracker, self.source
-        total, paused = tracker.num_in_flight, source.paused_partitions
-        if not source.assignment or (not paused and total < self._max_in_flight // len(source.assignment)):
-            return  # nothing can be over its share: the common case costs two lookups
-        share = max(1, self._max_in_flight // len(source.assignment))
-        over_total = total >= self._max_in_flight
-        to_pause, to_resume = [], []
-        for tp in source.assignment:
-            num = tracker.num_in_flight_of(tp)
-            if tp in paused:
-                if tp in self.decoder.stalls:
-                    continue  # waits for the schema registry, not for room
-                if not over_total and num <= share // 2 and total <= self._resume_below:
-                    to_resume.append(tp)
-            elif over_total or num >= share:
-                to_pause.append(tp)
-        if to_pause:
-            source.pause(to_pause)
-            log.debug("paused %s: %d records in flight", _names(to_pause), total)
-        if to_resume:
-            source.resume(to_resume)
-            log.debug("resumed %s: %d records in flight", _names(to_resume), total)
+    # ----------------------------------------------------------------------------------- rebalances
 
     def _on_assign(self, tps: list[TopicPartition]) -> None:
-        log.info("assigned %s", _names(tps))
+        log.info("assigned %s", names(tps))
         self._restarted_s = self.clock()
         self.observer.assigned(tps)
-        if self.state.tracker.num_in_flight >= self._max_in_flight:  # a rebalance must not undo backpressure
-            self.source.pause(tps)
+        self.backpressure.assigned(tps)
 
     def _on_revoke(self, tps: list[TopicPartition]) -> None:
-        """Finish what is in flight for the revoked partitions, commit it, forget them.
-
-        Records still queued in the batcher are dropped uncommitted: the next owner processes them, once.
-        """
-        log.info("revoking %s", _names(tps))
-        revoked = set(tps)
-        self.decoder.forget(tps)  # held records stay uncommitted: the next owner processes them
-        s = self.state
-        with s.cond:
-            s.batcher.remove(lambda p: p.record.tp in revoked)
-        if isinstance(self.worker, ContinuousWorker):
-            self.worker.drop(revoked)  # unfinished requests of these partitions: the next owner redoes them
-        if self.transactions is not None:
-            if self.emitter.fatal is None:
-                try:  # commit first: the transaction holds the outputs of these partitions' in-flight records
-                    self.transactions.commit(self.clock(), s.num_batches)
-                except TransactionFailed as err:
-                    self.emitter.fatal = str(err)
-            # Offsets are committed inside transactions only. After a fatal error (a fenced producer) the
-            # outputs of the acknowledged records belong to an aborted transaction: committing their offsets
-            # here would lose them.
-            watermarks: dict[TopicPartition, int] = {}
-        else:
-            self._hold_engine()
-            self.sink.flush(self.pipeline.runtime.drain_timeout_s)
-            watermarks = {tp: off for tp, off in self._watermarks().items() if tp in revoked}
-            self._release_engine()
-        with s.cond:
-            for tp in tps:
-                s.tracker.forget(tp)
-                if s.release is not None:
-                    s.release.forget(tp)
-        self.source.commit(watermarks)
+        """Finish what is in flight for the revoked partitions, commit it, forget them. Records still queued
+        (or held for the schema registry) are dropped uncommitted: the next owner processes them, once."""
+        log.info("revoking %s", names(tps))
+        self.intake.forget(tps)
+        self.state.drop_queued(tps)
+        if self.delivery.revoke(tps) is Outcome.REWOUND:
+            self._start_over()
+        self.state.forget(tps)
         self.observer.revoked(tps)
-
-    def _hold_engine(self) -> None:
-        """Stop the engine thread from taking batches and wait for its current one (serving delivery
-        reports meanwhile, so that it can produce)."""
-        s = self.state
-        with s.cond:
-            s.hold = True
-        while True:
-            with s.cond:
-                if not s.busy or s.stopped:
-                    return
-                s.cond.wait(0.05)
-            self.sink.poll(0)
-
-    def _release_engine(self) -> None:
-        with self.state.cond:
-            self.state.hold = False
-            self.state.cond.notify_all()
-
-    def _watermarks(self) -> dict[TopicPartition, int]:
-        with self.state.cond:
-            return self.state.tracker.watermarks()
-
-    def _forget_all(self) -> None:
-        """Drop every queued record and all offset bookkeeping (before rewinding the consumer)."""
-        self._restarted_s = self.clock()
-        self.source.resume(self.decoder.forget(self.decoder.stalls.partitions()))  # rewound: read them again
-        with self.state.cond:
-            self.state.batcher.remove(lambda p: True)
-            self.state.tracker.forget_all()
-            if self.state.release is not None:
-                self.state.release.forget_all()
-        if isinstance(self.worker, ContinuousWorker):
-            self.worker.drop_all()  # requests still generating belong to the aborted transaction's records
 
     def _on_lost(self, tps: list[TopicPartition]) -> None:
-        log.warning("lost %s (another member owns them now); nothing of theirs will be committed", _names(tps))
-        lost = set(tps)
-        self.decoder.forget(tps)
-        with self.state.cond:
-            self.state.batcher.remove(lambda p: p.record.tp in lost)
-            for tp in tps:
-                self.state.tracker.forget(tp)
-                if self.state.release is not None:
-                    self.state.release.forget(tp)
-        if isinstance(self.worker, ContinuousWorker):
-            self.worker.drop(lost)
-        if self.transactions is not None and self.emitter.fatal is None:
-            # The open transaction holds outputs of the lost partitions, which their new owner redoes:
-            # abort it, and rewind the partitions still ours (its other outputs go with it).
-            try:
-                self.transactions.abort(self.clock(), self.state.num_batches, f"lost {_names(tps)}")
-            except TransactionFailed as err:
-                self.emitter.fatal = str(err)
+        log.warning("lost %s (another member owns them now); nothing of theirs will be committed", names(tps))
+        self.intake.forget(tps)
+        self.state.drop_queued(tps)
+        self.state.forget(tps)
+        if self.delivery.lost(tps) is Outcome.REWOUND:
+            self._start_over()
         self.observer.revoked(tps)
+
+    def _start_over(self) -> None:
+        """The delivery strategy rewound the consumer: whatever was held is read again."""
+        self._restarted_s = self.clock()
+        self.intake.start_over()
 
     # --------------------------------------------------------------------------------------- shutdown
 
@@ -416,52 +187,23 @@ class Runner:
             return True
         if self.idle_exit_s is None or now - max(last_record, self._restarted_s) < self.idle_exit_s:
             return False
-        with self.state.cond:
-            return len(self.state.batcher) == 0 and not self.state.busy and self.state.tracker.is_idle()
+        return self.state.is_idle()
 
     def _shutdown(self) -> None:
-        """Stop taking records, drain in-flight batches within the drain timeout, flush, commit, close."""
+        """Stop taking records, drain in-flight batches within the drain timeout, commit, close."""
         deadline = self.clock() + self.pipeline.runtime.drain_timeout_s
-        s = self.state
-        with s.cond:
-            s.draining = True
-            if self.emitter.fatal is not None:
-                s.stopped = True
-            s.cond.notify_all()
+        self.state.drain()
         while self.worker.is_alive() and self.clock() < deadline:
             self.sink.poll(0.05)  # serve delivery reports while the engine drains
-        with s.cond:
-            s.stopped = True  # the engine thread takes no further batch
-            s.cond.notify_all()
+        self.state.stop_engine()  # the engine thread takes no further batch
         if self.worker.is_alive():
             # An engine call cannot be interrupted; wait for the current batch rather than tear the engine
             # down under it. Its outputs are produced, just too late to be committed in this run.
             log.warning("drain timeout: waiting for the engine to finish its current batch")
             while self.worker.is_alive():
                 self.sink.poll(0.05)
-        if self.transactions is not None:
-            if self.emitter.fatal is None:
-                try:
-                    self.transactions.commit(self.clock(), s.num_batches, reopen=False)
-                except TransactionFailed as err:
-                    self.emitter.fatal = str(err)
-            else:  # it holds outputs of records whose offsets will not be committed: settle it now
-                self.transactions.abort_open()
-        else:
-            left = self.sink.flush(max(1.0, deadline - self.clock()))
-            with s.cond:
-                watermarks = s.tracker.watermarks()
-                unfinished = s.tracker.num_in_flight
-            if left or unfinished:
-                log.warning("drain timeout: %d records unfinished, %d deliveries outstanding; "
-                            "they stay uncommitted and will be processed again", unfinished, left)
-            self.source.commit(watermarks)
+        self.delivery.shutdown(deadline)
         self.source.close()
-
-
-def _length(engine: BatchEngine | ContinuousEngine, item: Any) -> int:
-    """``item_length`` as the batcher needs it: an integer of at least 1."""
-    return max(1, operator.index(engine.item_length(item)))
 
 
 def _relax_gc() -> tuple[int, int, int]:
@@ -478,7 +220,3 @@ def _relax_gc() -> tuple[int, int, int]:
     gc.freeze()
     gc.set_threshold(50_000, 20, 100)
     return old
-
-
-def _names(tps: list[TopicPartition]) -> str:
-    return ", ".join(f"{tp.topic}[{tp.partition}]" for tp in sorted(tps, key=lambda t: (t.topic, t.partition)))

@@ -67,7 +67,7 @@ def check_topics(p: Pipeline, timeout_s: float = _TIMEOUT_S) -> None:
     cannot be reached within ``timeout_s``. Input topics are asked of the source's cluster, output and
     dead-letter topics of the sink's (the same one unless the sink names its own brokers), each with the
     settings its real client gets."""
-    from sluice.connectors.kafka import security_config
+    from sluice.connectors.kafka.security import security_config
 
     uses = needed_topics(p)
     src, sink = p.source.kafka, p.sink.kafka

@@ -1,116 +1,133 @@
-"""The engine thread: takes due batches from the batcher, runs the engine, produces the results.
+"""The engine thread: takes work from the batcher, runs the engine, hands the results to the emitter.
 
-Runs beside the operator's main (intake) thread and shares :class:`SharedState` with it. The batcher is
-asked for a batch only when this thread is free, so while the engine works, the next batch keeps growing.
+Runs beside the intake thread and shares :class:`~sluice.operator.state.SharedState` with it. The batcher
+is asked for a batch only when this thread is free, so while the engine works, the next batch keeps growing.
+:class:`EngineThread` is what both kinds of engine thread share (the loop, ``busy``, a crash stopping the
+operator); :class:`EngineWorker` runs a batch engine, :class:`~sluice.operator.continuous.ContinuousWorker`
+a continuous one (the LLM). Results go to :meth:`Emitter.settle <sluice.operator.emitter.Emitter.settle>`.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Generic, TypeVar
 
 from sluice.engines.base import BatchEngine
-from sluice.operator.adaptive import AdaptivePolicy
-from sluice.operator.batcher import Batcher
-from sluice.operator.errors import BatchSizeGovernor, Failed, infer_isolating
+from sluice.operator.bisection import Failed, infer_isolating
+from sluice.operator.emitter import Emitter
 from sluice.operator.observer import Observer
-from sluice.operator.offsets import OffsetTracker
-from sluice.operator.record import Pending
-from sluice.operator.release import ReleaseGate
+from sluice.operator.oom_governor import BatchSizeGovernor
+from sluice.operator.record import Pending, TopicPartition
+from sluice.operator.state import SharedState
 
 log = logging.getLogger(__name__)
 
 _SERVICE_SMOOTHING = 0.2  # weight of the newest batch in the engine-time estimate
 
-
-@dataclass
-class SharedState:
-    """What the intake thread and the engine thread share. Every field is guarded by ``cond``."""
-
-    batcher: Batcher[Pending]
-    tracker: OffsetTracker
-    cond: threading.Condition = field(default_factory=lambda: threading.Condition(threading.RLock()))
-    busy: bool = False  # the engine thread holds a batch it has not finished producing
-    hold: bool = False  # the intake thread asked the engine thread not to take new batches (revoke)
-    draining: bool = False  # shutdown: take every queued record, due or not, then exit
-    stopped: bool = False  # the engine thread must exit now
-    num_batches: int = 0
-    num_batched_records: int = 0
-    adaptive: AdaptivePolicy | None = None  # batching to a latency target, when configured
-    # exactly-once: outputs leave in input order per partition (sluice/operator/release.py)
-    release: ReleaseGate[Any] | None = None
+W = TypeVar("W")  # one unit of work taken under the lock
 
 
-# (the batch, one engine result or Failed per record) -> produce outputs and settle offsets
-Settle = Callable[[list[Pending], list[object]], None]
+class EngineThread(threading.Thread, ABC, Generic[W]):
+    """The loop both engine threads run: take work under the lock (``busy`` set), do it outside the lock,
+    clear ``busy``. Anything escaping the work is a bug, not a bad record: it stops the operator."""
 
-
-class EngineWorker(threading.Thread):
-    """Owns every call to ``engine.infer``; ``settle`` produces a finished batch's records and settles
-    their offsets (see the runner)."""
-
-    def __init__(self, state: SharedState, engine: BatchEngine, settle: Settle,
-                 clock: Callable[[], float], observer: Observer) -> None:
+    def __init__(self, state: SharedState, emitter: Emitter, clock: Callable[[], float],
+                 observer: Observer) -> None:
         super().__init__(name="sluice-engine", daemon=True)
-        self.state = state
-        self.engine = engine
-        self.settle = settle
-        self.clock = clock
-        self.observer = observer
-        self.governor = BatchSizeGovernor(state.batcher.policy.max_batch_size)
-        self.error: BaseException | None = None
-        # Recent batches' engine time, smoothed: records coming due within it join the next batch due by time.
-        self.service_estimate_s = 0.0
+        self.state, self.emitter, self.clock, self.observer = state, emitter, clock, observer
 
     def run(self) -> None:
+        s = self.state
         try:
-            while (batch := self._next_batch()) is not None:
+            while (work := self._next()) is not None:
                 try:
-                    self._process(batch)
+                    self._process(work)
                 finally:
-                    with self.state.cond:
-                        self.state.busy = False
-                        self.state.cond.notify_all()
-        except BaseException as err:  # a bug, not a bad record: stop the operator, commit nothing more
+                    with s.cond:
+                        s.busy = False
+                        s.cond.notify_all()
+        except BaseException as err:
             log.exception("engine thread failed")
-            self.error = err
-            with self.state.cond:
-                self.state.stopped = True
-                self.state.cond.notify_all()
+            s.stop(repr(err))
+            s.stop_engine()
+        finally:
+            self._exit()
 
-    def _next_batch(self) -> list[Pending] | None:
+    def _next(self) -> W | None:
+        """Wait for work (None: exit), abandoning requests of partitions that left first. Sets ``busy``."""
         s = self.state
         with s.cond:
-            while True:
-                if s.stopped:
-                    return None
+            while not s.stopped:
+                self._abandon(*s.take_abandoned())
                 now = self.clock()
-                wake_at = s.batcher.next_deadline()
                 if not s.hold:
-                    limit = self.governor.limit
-                    max_tokens = None
-                    due_at = float("inf") if s.draining else now
-                    if s.adaptive is not None and not s.draining and wake_at is not None:
-                        decision = s.adaptive.decide(now, len(s.batcher),
-                                                     wake_at - s.batcher.policy.max_queue_delay_s)
-                        log.debug("adaptive batching: %s", decision)
-                        self.observer.batching_decided(decision)
-                        if decision.dispatch_now:
-                            due_at, limit, max_tokens = float("inf"), min(limit, decision.size), decision.max_tokens
-                        else:
-                            wake_at = min(wake_at, decision.wake_at_s)
-                    batch = s.batcher.next_batch(due_at, limit, self.service_estimate_s, max_tokens)
-                    if batch:
+                    work = self._take(now)
+                    if work is not None:
                         s.busy = True
-                        s.num_batches += 1
-                        s.num_batched_records += len(batch)
-                        return batch
+                        return work
                     if s.draining:
                         return None
-                s.cond.wait(None if wake_at is None or s.hold else max(0.0, wake_at - now))
+                s.cond.wait(None if s.hold else self._wait_s(now))
+            return None
+
+    @abstractmethod
+    def _take(self, now: float) -> W | None:
+        """Under the lock, not held: the work to do now, or None to wait ``_wait_s``."""
+
+    @abstractmethod
+    def _wait_s(self, now: float) -> float | None:
+        """How long to wait for more work after ``_take`` found none (None: until woken)."""
+
+    def _abandon(self, everything: bool, tps: set[TopicPartition]) -> None:  # noqa: B027 - optional hook
+        """Under the lock: partitions left (or, ``everything``, the consumer was rewound); abort their running
+        requests. A batch engine runs nothing between batches (the batch taken last is finished)."""
+
+    @abstractmethod
+    def _process(self, work: W) -> None:
+        """Outside the lock: do the work and hand its results to the emitter."""
+
+    def _exit(self) -> None:  # noqa: B027 - optional hook
+        """The thread ends (unfinished work stays uncommitted)."""
+
+
+class EngineWorker(EngineThread[list[Pending]]):
+    """Owns every call to a batch engine's ``infer``."""
+
+    def __init__(self, state: SharedState, engine: BatchEngine, emitter: Emitter, clock: Callable[[], float],
+                 observer: Observer) -> None:
+        super().__init__(state, emitter, clock, observer)
+        self.engine = engine
+        self.governor = BatchSizeGovernor(state.batcher.policy.max_batch_size)
+        # Recent batches' engine time, smoothed: records coming due within it join the next batch due by time.
+        self.service_estimate_s = 0.0
+        self._wake_at: float | None = None  # when the next batch comes due (set by _take)
+
+    def _take(self, now: float) -> list[Pending] | None:
+        s = self.state
+        self._wake_at = wake_at = s.batcher.next_deadline()
+        limit = self.governor.limit
+        max_tokens = None
+        due_at = float("inf") if s.draining else now
+        if s.adaptive is not None and not s.draining and wake_at is not None:
+            decision = s.adaptive.decide(now, len(s.batcher), wake_at - s.batcher.policy.max_queue_delay_s)
+            log.debug("adaptive batching: %s", decision)
+            self.observer.batching_decided(decision)
+            if decision.dispatch_now:
+                due_at, limit, max_tokens = float("inf"), min(limit, decision.size), decision.max_tokens
+            else:
+                self._wake_at = min(wake_at, decision.wake_at_s)
+        batch = s.batcher.next_batch(due_at, limit, self.service_estimate_s, max_tokens)
+        if not batch:
+            return None
+        s.summary.num_batches += 1
+        s.summary.num_batched_records += len(batch)
+        return batch
+
+    def _wait_s(self, now: float) -> float | None:
+        return None if self._wake_at is None else max(0.0, self._wake_at - now)
 
     def _process(self, batch: list[Pending]) -> None:
         """Records enter inference here. Per-record containment (containment.py): a failing batch is
@@ -127,4 +144,4 @@ class EngineWorker(threading.Thread):
             with self.state.cond:
                 self.state.adaptive.service.observe(len(batch), infer_s, padded_tokens)
         self.observer.batch_finished(handle, batch, infer_s, num_failed)
-        self.settle(batch, outcomes)
+        self.emitter.settle(batch, outcomes)

@@ -1,4 +1,5 @@
-"""Record codecs: bytes -> (document, model input) on the way in; (document, result) -> bytes on the way out.
+"""Record codecs: bytes -> (document, model input) on the way in; (document, result) -> bytes on the way out
+(what the output holds is shaped by output_shape.py; this module reads and writes the bytes).
 
 Every failure the codec foresees is a :class:`CodecError` whose message says what was wrong with *that
 record*; the runner sends the record to the dead-letter topic with it and goes on (and does the same with
@@ -16,24 +17,20 @@ may also raise :class:`~sluice.schemas.registry.RegistryUnavailable`, which is n
 from __future__ import annotations
 
 import base64
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from sluice.config import Codec, Output
 from sluice.schemas.depth import may_exceed, nesting_depth
+from sluice.schemas.errors import CodecError
+from sluice.schemas.output_shape import OutputShape, get_path
 
 if TYPE_CHECKING:
     from sluice.schemas.schema_format import SchemaFormat
 
-
-class CodecError(Exception):
-    """A record cannot be decoded or its result cannot be encoded. ``stage`` is 'decode' or 'encode'."""
-
-    def __init__(self, stage: str, message: str) -> None:
-        super().__init__(message)
-        self.stage = stage
+__all__ = ["CodecError", "RecordCodec"]
 
 
 def _enc_hook(value: Any) -> Any:
@@ -52,15 +49,6 @@ _encoder = msgspec.json.Encoder(enc_hook=_enc_hook)
 _decoder = msgspec.json.Decoder()
 
 
-def _get_path(document: Any, path: tuple[str, ...]) -> Any:
-    value = document
-    for part in path:
-        if not isinstance(value, dict) or part not in value:
-            raise KeyError(part)
-        value = value[part]
-    return value
-
-
 @dataclass(frozen=True)
 class RecordCodec:
     """Decodes input records and encodes output records, as the pipeline's ``codec`` and ``sink.output`` say."""
@@ -68,12 +56,13 @@ class RecordCodec:
     codec: Codec
     output: Output
     schemas: SchemaFormat | None = None  # avro, protobuf, json_schema (sluice/schemas/formats.py builds it)
+    shape: OutputShape = field(init=False)  # what an output holds (sink.output)
+    _input_path: tuple[str, ...] = field(init=False)  # codec.input_field, split; () for the whole record
 
     def __post_init__(self) -> None:
-        field = self.codec.input_field
-        object.__setattr__(self, "_input_path", () if field == "." else tuple(field.split(".")))
-        key = self.output.key
-        object.__setattr__(self, "_key_path", tuple(key[6:].split(".")) if key.startswith("field:") else None)
+        name = self.codec.input_field
+        object.__setattr__(self, "_input_path", () if name == "." else tuple(name.split(".")))
+        object.__setattr__(self, "shape", OutputShape.of(self.output))
 
     def decode(self, value: bytes | None) -> tuple[Any, Any]:
         """Return (document, model input). Raises CodecError('decode', ...)."""
@@ -103,40 +92,30 @@ class RecordCodec:
         if not isinstance(document, dict):
             raise CodecError("decode", f"expected a JSON object, got a JSON {type(document).__name__}")
         try:
-            path = self._input_path  # type: ignore[attr-defined]
-            model_input = document[path[0]] if len(path) == 1 else _get_path(document, path)  # () -> document
+            path = self._input_path
+            model_input = document[path[0]] if len(path) == 1 else get_path(document, path)  # () -> document
         except KeyError:
             raise CodecError("decode", f"the record has no field '{self.codec.input_field}'") from None
         return document, model_input
 
     def encode(self, document: Any, result: Any) -> bytes:
-        """The output value for one record. Raises CodecError('encode', ...)."""
+        """The output value for one record, shaped by ``sink.output`` (output_shape.py). Raises
+        CodecError('encode', ...)."""
         if self.schemas is not None:
             if not self.schemas.writes_json:
                 return self.schemas.encode(document, result)
             document = self.schemas.as_dict(document.record)
-        if self.output.mode == "merge" and isinstance(document, dict):
-            out = dict(document)
-            out[self.output.field] = result
-        elif self.output.mode == "merge":
-            out = {"input": document, self.output.field: result}
-        else:
-            out = {self.output.field: result}
         try:
-            return _encoder.encode(out)
+            return _encoder.encode(self.shape.document(document, result))
         except (TypeError, ValueError, OverflowError) as err:
             raise CodecError("encode", f"the result cannot be encoded as JSON: {err}") from None
 
     def output_key(self, document: Any, input_key: bytes | None) -> bytes | None:
         """The key of the output record (input key by default)."""
-        if self.output.key == "input":
-            return input_key
-        if self.output.key == "none":
-            return None
+        shape = self.shape
+        if shape.key_path is None:
+            return input_key if shape.key == "input" else None
         if self.schemas is not None:
             document = self.schemas.as_dict(document.record)
-        try:
-            value = _get_path(document, self._key_path)  # type: ignore[attr-defined]
-        except KeyError:
-            raise CodecError("encode", f"the record has no key field '{self.output.key[6:]}'") from None
+        value = shape.key_field(document)
         return value.encode("utf-8") if isinstance(value, str) else _encoder.encode(value)

@@ -58,7 +58,7 @@ def client_config(cfg: SchemaRegistry) -> dict[str, Any]:
     if cfg.basic_auth is not None:
         conf["basic.auth.user.info"] = f"{cfg.basic_auth.username}:{cfg.basic_auth.password.get_secret_value()}"
     if cfg.tls is not None:
-        from sluice.connectors.kafka import tls_files
+        from sluice.connectors.kafka.security import tls_files
 
         conf.update(tls_files(cfg.tls))
     return conf

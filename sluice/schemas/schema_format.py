@@ -31,7 +31,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from sluice.config import Codec, Output
-from sluice.schemas.codec import CodecError
+from sluice.schemas.errors import CodecError
+from sluice.schemas.output_shape import OutputShape
 from sluice.schemas.registry import (
     RegistryUnavailable,
     SchemaRejected,
@@ -285,18 +286,13 @@ class DictWriter:
     """Output records of one output schema, for formats whose records are dicts (avro, json_schema): the
     serializer and its context are made once."""
 
-    __slots__ = ("serialize", "ctx", "field", "merge")
+    __slots__ = ("serialize", "ctx", "shape")
 
-    def __init__(self, serializer: Any, ctx: Any, field: str, merge: bool) -> None:
-        self.serialize, self.ctx, self.field, self.merge = serializer, ctx, field, merge
+    def __init__(self, serializer: Any, ctx: Any, shape: OutputShape) -> None:
+        self.serialize, self.ctx, self.shape = serializer, ctx, shape
 
     def write(self, record: Any, result: Any) -> bytes:
-        if self.merge:
-            out = dict(record)
-            out[self.field] = result
-        else:
-            out = {self.field: result}
-        value: bytes = self.serialize(out, self.ctx)
+        value: bytes = self.serialize(self.shape.document(record, result), self.ctx)
         return value
 
 
@@ -354,7 +350,7 @@ class DerivedSchemaFormat(SchemaFormat):
             serializer = self.serializer(sr_schema)
         except Exception as err:  # fastavro's SchemaParseException, jsonschema's SchemaError...
             raise ValueError(f"the output schema does not parse: {err}") from None
-        return DictWriter(serializer, self.out.context(), self.output.field, self.output.mode == "merge")
+        return DictWriter(serializer, self.out.context(), OutputShape.of(self.output))
 
 
 _MISSING: Any = object()

@@ -10,13 +10,12 @@ from typing import TYPE_CHECKING, TextIO
 
 from sluice.config import Pipeline
 from sluice.operator.observer import Observer
+from sluice.telemetry.errors import TelemetrySetupError
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
 
-
-class TelemetrySetupError(Exception):
-    """A telemetry part cannot start as configured (exporter not installed...). One line for the user."""
+__all__ = ["TelemetrySetupError", "build_observer"]
 
 
 def build_observer(pipeline: Pipeline, *, tracer_provider: TracerProvider | None = None,

@@ -13,7 +13,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExport
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON
 
 from sluice.config import Tracing
-from sluice.telemetry import TelemetrySetupError
+from sluice.telemetry.errors import TelemetrySetupError
 
 _DEFAULT_ENDPOINTS = {"grpc": "http://localhost:4317", "http": "http://localhost:4318/v1/traces"}
 

@@ -1,6 +1,6 @@
 """The live status of ``sluice run``: one line rewritten in place on a terminal, a log line otherwise.
 
-Driven by the observer's tick (about once a second, main thread). Each report covers the window since the
+Driven by the observer's tick (about once a second, on the intake thread). Each report covers the window since the
 previous one: records/s (outputs and dead-letter records acknowledged), mean batch size, p99 queue delay
 (from the queue-delay histogram's buckets, so an estimate within one bucket), consumer lag, records in
 flight, and dead-lettered records since start.

@@ -96,7 +96,7 @@ def main() -> None:
 
     with atheris.instrument_imports():  # sluice, and the Python parts of PyYAML and pydantic it imports
         import sluice.config  # noqa: F401
-        import sluice.config_yaml  # noqa: F401
+        import sluice.config.yaml_file  # noqa: F401
         import sluice.schemas.codec  # noqa: F401
         import sluice.schemas.depth  # noqa: F401
     check = check_codec if args.target == "codec" else check_config

@@ -1,4 +1,4 @@
-"""sluice.connectors.faust.Enricher against a stand-in for a Faust stream that behaves like Faust's
+"""sluice.adapters.faust.Enricher against a stand-in for a Faust stream that behaves like Faust's
 ``take_events``: windows of events, acknowledged only when the consumer asks for the next window."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from sluice.connectors.faust import Enriched, Enricher, FaustAdapterError
+from sluice.adapters.faust import Enriched, Enricher, FaustAdapterError
 from sluice.engines.base import BatchEngine
 
 

@@ -1,50 +1,40 @@
-"""Kafka source and sink on confluent-kafka (librdkafka).
+"""The Kafka source: a cooperative-sticky consumer on confluent-kafka (librdkafka), the operator's
+:class:`~sluice.operator.ports.Source`.
 
-Source: a cooperative-sticky consumer whose offsets are *stored* only by the operator, from the offset
-tracker's watermark, and committed by librdkafka's auto-commit (or synchronously on revoke and shutdown).
-Sink: an idempotent producer with ``acks=all``; every produce carries a delivery callback, which the
-operator turns into an offset-tracker acknowledgement.
+Offsets are *stored* only by the operator, from the in-flight ledger's watermark, and committed by
+librdkafka's auto-commit (or synchronously on revoke and shutdown) -- or, under exactly-once, only inside the
+producer's transactions, never by this consumer. All methods run on the operator's intake thread.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import threading
 import time
 from collections.abc import Callable, Iterable
 from typing import Any, cast
 
-from confluent_kafka import (
-    OFFSET_BEGINNING,
-    OFFSET_END,
-    Consumer,
-    KafkaError,
-    KafkaException,
-    Message,
-    Producer,
-)
+from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, KafkaException, Message
 from confluent_kafka import TopicPartition as KafkaTopicPartition
-from confluent_kafka.admin import AdminClient, ConfigResource
 
-from sluice.config import KafkaSecurity, RegistryTls, Tls
-from sluice.config import KafkaSink as KafkaSinkConfig
 from sluice.config import KafkaSource as KafkaSourceConfig
-from sluice.operator.io_errors import ProduceFailed, SourceFailed
+from sluice.connectors.kafka.security import security_config
+from sluice.operator.ports import PartitionsCallback, SourceFailed
 from sluice.operator.record import InputRecord, TopicPartition
 
 log = logging.getLogger(__name__)
 
-PartitionsCallback = Callable[[list[TopicPartition]], None]
+_LEAVE_TIMEOUT_S = 10.0  # how long a static member's close waits for its revoke before closing anyway
 
 
 class KafkaSource:
-    """Consumes the pipeline's topics. All methods are called from the operator's main thread."""
+    """Consumes the pipeline's topics. All methods are called from the operator's intake thread."""
 
     def __init__(self, cfg: KafkaSourceConfig, commit_interval_ms: int, clock: Callable[[], float] = time.monotonic,
-                 transactional: bool = False) -> None:
+                 transactional: bool = False, group_instance_id: str | None = None) -> None:
         """``transactional``: offsets are committed only through the producer's transactions
-        (exactly-once), never by this consumer, and only committed input records are read."""
+        (exactly-once), never by this consumer, and only committed input records are read.
+        ``group_instance_id``: static group membership (a ``group.instance.id`` in ``cfg.config`` wins)."""
         self.cfg = cfg
         self._clock = clock
         self.transactional = transactional
@@ -67,9 +57,16 @@ class KafkaSource:
         }
         if transactional:
             conf.update({"enable.auto.commit": False, "isolation.level": "read_committed"})
+        if group_instance_id is not None:
+            # Static membership: a process restarted under the same id (after a crash) gets its partitions
+            # back at once, without a rebalance, as long as it returns within session.timeout.ms.
+            conf["group.instance.id"] = group_instance_id
         conf.update(security_config(cfg.security))
         conf.update(cfg.config)
         self._consumer = Consumer(conf)
+        member = conf.get("group.instance.id")
+        self.group_instance_id = None if member is None else str(member)
+        self._failed = False  # a fatal error: the consumer cannot leave the group any more
         self._paused: set[TopicPartition] = set()
         self.assignment: set[TopicPartition] = set()
         self._tps: dict[tuple[str, int], TopicPartition] = {}  # one object per partition, not per record
@@ -256,196 +253,28 @@ class KafkaSource:
         return self._paused
 
     def close(self) -> None:
+        """Leave the group and close. A static member's ``close`` alone would not leave (KIP-345: its
+        partitions would wait for the session timeout, as if it had crashed), so it unsubscribes first and
+        serves the revoke: the group hands its partitions over at once, as a dynamic member's would."""
         try:
+            if self.group_instance_id is not None and self.assignment and not self._failed:
+                self._consumer.unsubscribe()
+                deadline = time.monotonic() + _LEAVE_TIMEOUT_S
+                while self.assignment and time.monotonic() < deadline:
+                    self._consumer.poll(0.1)  # serves the revoke; a record fetched meanwhile is not tracked
             self._consumer.close()
         except (KafkaException, RuntimeError) as err:  # after a fatal error, or closed twice
             log.debug("closing the consumer: %s", err)
 
     def _on_error(self, err: KafkaError) -> None:
         if err.fatal() or err.code() == KafkaError._FATAL:  # an error event reports a fatal error as _FATAL
+            self._failed = True
             hint = ""
-            if "group.instance.id" in self.cfg.config or "fenced" in err.str().lower():
-                hint = (" (another running consumer uses this group.instance.id: each process of a group needs "
-                        "its own)")
+            if self.group_instance_id is not None or "fenced" in err.str().lower():
+                hint = (f" (another running consumer uses this group.instance.id, {self.group_instance_id}: each "
+                        "process of a group needs its own. The default, sluice-<group>-<hostname>-<slot>, is "
+                        "unique on one host; where two hosts share a hostname, set "
+                        "source.kafka.static_membership: false or a group.instance.id of your own per process)")
             raise SourceFailed(f"kafka consumer: fatal error: {err.str()}{hint}")
         # Transient: broker down, leader moving... librdkafka retries by itself.
         log.warning("kafka consumer: %s", err.str())
-
-
-def security_config(security: KafkaSecurity | None) -> dict[str, str]:
-    """librdkafka settings for ``security``: SASL_SSL with both parts, SASL_PLAINTEXT or SSL with one,
-    nothing for a plaintext cluster. Secrets are revealed here only, into the client's configuration;
-    librdkafka itself prints sensitive properties as "[redacted]" in its debug logs."""
-    if security is None:
-        return {}
-    sasl, tls = security.sasl, security.tls
-    conf: dict[str, str] = {
-        "security.protocol": ("SASL_" if sasl else "") + ("SSL" if tls else "PLAINTEXT"),
-    }
-    if sasl is not None:
-        conf.update({"sasl.mechanism": sasl.mechanism, "sasl.username": sasl.username,
-                     "sasl.password": sasl.password.get_secret_value()})
-    if tls is not None:
-        # "https": the broker's certificate must name the host it was reached at (librdkafka's default).
-        conf["ssl.endpoint.identification.algorithm"] = "https" if tls.verify_hostname else "none"
-        conf.update(tls_files(tls))
-    return conf
-
-
-def tls_files(tls: Tls | RegistryTls) -> dict[str, str]:
-    """The ``ssl.*`` file settings (and key password, revealed here) that librdkafka and confluent-kafka's
-    Schema Registry client both take under the same names."""
-    conf = {key: value for key, value in (("ssl.ca.location", tls.ca_location),
-                                          ("ssl.certificate.location", tls.certificate_location),
-                                          ("ssl.key.location", tls.key_location)) if value is not None}
-    if tls.key_password is not None:
-        conf["ssl.key.password"] = tls.key_password.get_secret_value()
-    return conf
-
-
-DeliveryCallback = Callable[[KafkaError | None, Message], None]
-
-
-class KafkaSink:
-    """Produces output and dead-letter records. ``produce`` may be called from any thread."""
-
-    def __init__(self, bootstrap_servers: str, cfg: KafkaSinkConfig | None = None,
-                 transactional_id: str | None = None, transaction_timeout_ms: int = 60_000) -> None:
-        conf: dict[str, Any] = {
-            "bootstrap.servers": bootstrap_servers,
-            # No duplicates or reordering from the producer's own retries, and a write counts only once
-            # every in-sync replica has it: the output side of at-least-once.
-            "enable.idempotence": True,
-            "acks": "all",
-            # A few ms of lingering turns per-record produce calls into broker-sized batches.
-            "linger.ms": 5,
-            "queue.buffering.max.messages": 500_000,
-            "logger": logging.getLogger("sluice.librdkafka.producer"),
-            # without it, confluent-kafka raises a fatal error (a fenced producer) out of poll() and flush()
-            "error_cb": self._on_error,
-        }
-        if transactional_id is not None:
-            conf.update({"transactional.id": transactional_id, "transaction.timeout.ms": transaction_timeout_ms})
-        if cfg is not None:
-            conf.update(security_config(cfg.security))
-            conf.update(cfg.config)
-        self._conf = conf
-        self._transactional = transactional_id is not None
-        self._producer = Producer(conf)
-        self._poller = threading.get_ident()  # the thread that serves delivery reports
-        self._unanswered = False  # max_message_bytes got no answer from any broker
-
-    # ---- transactions (exactly-once). Called by the main thread only, never while another thread produces.
-
-    def init_transactions(self, timeout_s: float = 60) -> None:
-        """Register the transactional id: fences an older producer with the same id and aborts (or
-        completes) the transaction it left open."""
-        self._producer.init_transactions(timeout_s)
-
-    def begin_transaction(self) -> None:
-        self._producer.begin_transaction()
-
-    def commit_transaction(self, offsets: dict[TopicPartition, int], group_metadata: Any, timeout_s: float) -> None:
-        """Add the consumer offsets to the open transaction and commit it (outputs and offsets at once)."""
-        if offsets:
-            parts = [KafkaTopicPartition(tp.topic, tp.partition, off) for tp, off in offsets.items()]
-            self._producer.send_offsets_to_transaction(parts, group_metadata, timeout_s)
-        self._producer.commit_transaction(timeout_s)
-
-    def abort_transaction(self, timeout_s: float) -> None:
-        self._producer.abort_transaction(timeout_s)
-
-    def recreate(self) -> None:
-        """Replace the producer by a new one with the same settings (after an ambiguous commit or abort,
-        librdkafka lacking KIP-890): its ``init_transactions`` settles whatever the old one left open."""
-        old, self._producer = self._producer, Producer(self._conf)
-        old.purge()
-        old.flush(0)
-
-    def produce(self, topic: str, value: bytes | None, key: bytes | None, headers: list[tuple[str, bytes]],
-                on_delivery: DeliveryCallback) -> None:
-        """Queue one record; when the local queue is full, wait for room (this is backpressure).
-
-        Delivery reports are only ever served on the thread that calls :meth:`poll`: that thread serves
-        them while it waits here, any other thread just sleeps until the poller has made room.
-        """
-        while True:
-            try:
-                self._producer.produce(topic, value, key, headers=cast(Any, headers) or None,
-                                       on_delivery=on_delivery)
-                return
-            except KafkaException as exc:
-                err: KafkaError = exc.args[0]
-                raise ProduceFailed(f"cannot produce to {topic}: {err.str()}{self._hint(err)}") from None
-            except BufferError:
-                if threading.get_ident() == self._poller:
-                    self._producer.poll(0.05)
-                else:
-                    time.sleep(0.005)
-
-    def poll(self, timeout_s: float = 0) -> int:
-        """Serve delivery callbacks; returns how many were served."""
-        self._poller = threading.get_ident()
-        try:
-            served: int = self._producer.poll(timeout_s)
-        except KafkaException as exc:
-            self._on_error(exc.args[0])
-            return 0
-        return served
-
-    def flush(self, timeout_s: float) -> int:
-        """Wait for outstanding deliveries; returns how many are still outstanding."""
-        self._poller = threading.get_ident()
-        try:
-            left: int = self._producer.flush(timeout_s)
-        except KafkaException as exc:
-            self._on_error(exc.args[0])
-            return len(self._producer)
-        return left
-
-    def __len__(self) -> int:
-        return len(self._producer)
-
-    def _on_error(self, err: KafkaError) -> None:
-        """Client-level errors, from librdkafka's error callback or raised out of poll() / flush() (as
-        confluent-kafka does with a transactional producer's fatal error). A fatal one also fails every queued
-        delivery and the next produce or transaction call, which stop the operator; this says why."""
-        if err.fatal():
-            log.error("kafka producer: fatal error: %s%s", err.str(), self._hint(err))
-        else:  # transient (broker down, leader moving): librdkafka retries by itself
-            log.warning("kafka producer: %s", err.str())
-
-    def _hint(self, err: KafkaError) -> str:
-        if err.fatal() and self._transactional:
-            return (" (under exactly-once this usually means that another running process registered the same "
-                    "transactional id and fenced this one)")
-        return ""
-
-    def max_message_bytes(self, topic: str) -> int:
-        """The largest record ``topic`` accepts: the smaller of its ``max.message.bytes`` and this producer's
-        ``message.max.bytes``, less room for the record's own framing. Falls back to the producer's limit
-        when the topic's configuration cannot be read (no describe permission, say)."""
-        producer_limit = int(self._conf.get("message.max.bytes", 1_000_000))
-        if self._unanswered:  # no broker answered the last time: do not wait another 15 s at start
-            log.warning("cannot read max.message.bytes of topic %s (no broker answered); assuming %d", topic,
-                        producer_limit)
-            return producer_limit - _RECORD_OVERHEAD_BYTES
-        admin = AdminClient({k: v for k, v in self._conf.items() if not _producer_only(k)})
-        try:
-            resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
-            configs = admin.describe_configs([resource])[resource].result(timeout=15)
-            topic_limit = int(configs["max.message.bytes"].value)
-        except (KafkaException, KeyError, ValueError, TimeoutError) as err:  # TimeoutError: no broker answers
-            self._unanswered = isinstance(err, TimeoutError)
-            log.warning("cannot read max.message.bytes of topic %s (%s); assuming %d", topic,
-                        err or "no answer within 15 s", producer_limit)
-            topic_limit = producer_limit
-        return min(topic_limit, producer_limit) - _RECORD_OVERHEAD_BYTES
-
-
-_RECORD_OVERHEAD_BYTES = 512  # record and batch framing around key, value and headers
-
-
-def _producer_only(key: str) -> bool:
-    return key in ("enable.idempotence", "acks", "linger.ms", "queue.buffering.max.messages", "transactional.id",
-                   "transaction.timeout.ms", "logger", "message.max.bytes") or key.startswith("batch.")

@@ -38,7 +38,7 @@ def _faust_python() -> str:
                   sys.executable]
     for python in candidates:
         if python and Path(python).exists() and subprocess.run(
-                [python, "-c", "import faust, sluice.connectors.faust"], capture_output=True, check=False,
+                [python, "-c", "import faust, sluice.adapters.faust"], capture_output=True, check=False,
                 cwd=ROOT).returncode == 0:
             return python
     pytest.fail("no Python with faust-streaming and sluice: run ./dev setup (it makes .venv/faust), "

@@ -45,8 +45,8 @@ from pydantic import ValidationError
 from sluice.config import Batching, EngineSection
 from sluice.engines import registry
 from sluice.engines.base import BatchEngine, EngineContext, first_line
-from sluice.operator.batcher import Batcher
-from sluice.operator.errors import Failed, infer_isolating
+from sluice.operator.batcher import Batcher, BatchPolicy
+from sluice.operator.bisection import Failed, infer_isolating
 
 
 class EventLike(Protocol):
@@ -92,7 +92,7 @@ class Enricher:
             raise FaustAdapterError("batching.latency_target_ms (adaptive batching) is not available in Faust agents")
         if window_batches < 1:
             raise FaustAdapterError("window_batches must be at least 1")
-        self.policy = b.policy()
+        self.policy = BatchPolicy.of(b)
         self.engine = engine if isinstance(engine, BatchEngine) else _build_engine(engine, b)
         self._input = to_input
         self._window = window_batches * b.max_batch_size

@@ -7,7 +7,8 @@ from collections.abc import Sequence
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sluice.operator.errors import BatchSizeGovernor, Failed, infer_isolating, is_out_of_memory
+from sluice.operator.bisection import Failed, infer_isolating
+from sluice.operator.oom_governor import BatchSizeGovernor, is_out_of_memory
 
 
 class PoisonEngine:

@@ -1,0 +1,37 @@
+"""``delivery``'s settings (``exactly_once``) and ``runtime``: how outputs and offsets are committed."""
+
+from __future__ import annotations
+
+from pydantic import Field, model_validator
+
+from sluice.config.base import Section
+
+
+class Runtime(Section):
+    drain_timeout_s: float = Field(default=30.0, gt=0)  # SIGTERM: finish in-flight work within this
+    max_in_flight: int = Field(default=10_000, ge=1)  # records between poll and delivery report
+    commit_interval_ms: int = Field(default=1000, ge=10)  # how often stored offsets are committed
+
+
+class ExactlyOnce(Section):
+    """Settings of ``delivery: exactly_once`` (a transactional producer, offsets inside the transaction)."""
+
+    # Must be unique per running process and stable across its restarts (so a restart fences its zombie
+    # and aborts the transaction it left open). Default: sluice-<group_id>-<hostname>-<slot>, the slot being
+    # the lowest free one among this group's processes on the host (sluice/operator/instance.py).
+    transactional_id: str | None = Field(default=None, min_length=1)
+    transaction_interval_ms: int = Field(default=500, ge=10)  # commit at least this often...
+    transaction_max_batches: int = Field(default=64, ge=1)  # ...or after this many batches
+    transaction_timeout_ms: int = Field(default=60_000, ge=1000)  # the broker aborts a transaction open longer
+    max_batch_time_s: float = Field(default=10.0, gt=0)  # the longest one engine batch may take
+
+    @model_validator(mode="after")
+    def _fits_in_timeout(self) -> ExactlyOnce:
+        # A transaction stays open for the interval, plus the batch running when the commit is due, plus
+        # the commit itself (about one more batch time of margin).
+        needed_ms = self.transaction_interval_ms + 2 * self.max_batch_time_s * 1000
+        if self.transaction_timeout_ms <= needed_ms:
+            raise ValueError(f"transaction_timeout_ms ({self.transaction_timeout_ms}) must exceed "
+                             f"transaction_interval_ms + 2 x max_batch_time_s = {needed_ms:.0f} ms, or the broker "
+                             "could abort a transaction while a batch is still running")
+        return self

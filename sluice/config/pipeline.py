@@ -1,0 +1,83 @@
+"""The whole pipeline file: its sections, and the rules that tie one section to another."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, ValidationError, model_validator
+
+from sluice.config.base import Section, check_import_path
+from sluice.config.batching import Batching
+from sluice.config.codec import REGISTRY_FORMATS, Codec
+from sluice.config.delivery import ExactlyOnce, Runtime
+from sluice.config.engine import EngineSection
+from sluice.config.kafka import KafkaSecurity, Source
+from sluice.config.sink import DeadLetter, Sink
+from sluice.config.telemetry import Telemetry
+
+
+class Pipeline(Section):
+    name: str = "pipeline"
+    source: Source
+    codec: Codec = Field(default_factory=Codec)
+    batching: Batching = Field(default_factory=Batching)
+    engine: EngineSection
+    sink: Sink
+    dead_letter: DeadLetter | None = None
+    delivery: Literal["at_least_once", "exactly_once"] = "at_least_once"
+    exactly_once: ExactlyOnce = Field(default_factory=ExactlyOnce)
+    runtime: Runtime = Field(default_factory=Runtime)
+    telemetry: Telemetry = Field(default_factory=Telemetry)
+
+    def output_format(self) -> str:
+        """The output records' format: ``sink.output.format``, else the input's (json for raw input)."""
+        given = self.sink.output.format
+        return given if given is not None else ("json" if self.codec.format == "raw" else self.codec.format)
+
+    @model_validator(mode="after")
+    def _output_format_fits(self) -> Pipeline:
+        out, given = self.output_format(), self.sink.output
+        if out in REGISTRY_FORMATS and out != self.codec.format:
+            raise ValueError(f"sink.output.format {out} needs codec.format {out} (its schema registry and "
+                             f"schemas); with codec.format {self.codec.format}, write json")
+        if given.message_type is not None and out != "protobuf":
+            raise ValueError("sink.output.message_type is for the protobuf output format only")
+        if out == "protobuf" and given.message_type is None:
+            raise ValueError("sink.output.format protobuf needs sink.output.message_type: "
+                             "'package.module_pb2:Message' (the output's class)")
+        if given.message_type is not None:
+            check_import_path(given.message_type)
+        if given.schema_file is not None and out not in ("avro", "json_schema"):
+            raise ValueError("sink.output.schema_file is for the avro and json_schema output formats")
+        return self
+
+    @model_validator(mode="before")
+    @classmethod
+    def _sink_inherits_security(cls, data: Any) -> Any:
+        """The sink writes to the source's cluster unless it names its own: then it uses the source's
+        security too. Copied only when valid, so a mistake there is reported once, at the source."""
+        try:
+            source_kafka, sink_kafka = data["source"]["kafka"], data["sink"]["kafka"]
+            security = source_kafka["security"]
+        except (KeyError, TypeError):
+            return data
+        if not isinstance(sink_kafka, dict) or "security" in sink_kafka or "bootstrap_servers" in sink_kafka:
+            return data
+        try:
+            KafkaSecurity.model_validate(security)
+        except ValidationError:
+            return data
+        return {**data, "sink": {**data["sink"], "kafka": {**sink_kafka, "security": security}}}
+
+
+@dataclass(frozen=True)
+class LoadedPipeline:
+    """A validated pipeline plus its validated engine options and where it came from."""
+
+    pipeline: Pipeline
+    engine_options: Any  # instance of the engine type's options model
+    base_dir: Path  # directory of the pipeline file; relative paths in it resolve against this
+    # options that do nothing here, one line each with its YAML path (sluice/config/applies.py)
+    warnings: tuple[str, ...] = ()

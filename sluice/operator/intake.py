@@ -1,0 +1,137 @@
+"""The intake: polled records become queued work for the engine thread, or dead letters.
+
+Runs on the intake thread, once per poll. Records enter the operator here, and per-record containment
+(sluice/operator/containment.py) holds for each step that looks at one record's content: its headers and
+trace context (the observer's ``polled``), decoding (sluice/operator/stalls.py, which holds back the
+partitions whose records wait for the schema registry), the engine's ``prepare`` and ``item_length``. Each
+either passes the record on or sends that record alone to the dead-letter topic (through the emitter).
+
+Step by step, for one poll:
+
+1. the ledger tracks every record (before anything can be produced for it);
+2. the observer reads their headers; decode; ``prepare`` (all at once, one by one only to find the record a
+   failure is about);
+3. the prepared records go to the batcher, and the engine thread is woken; the rejected ones are emitted.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+from sluice.engines.base import BatchEngine, ContinuousEngine, EngineError
+from sluice.operator.emitter import Emitter, Failure
+from sluice.operator.observer import Observer
+from sluice.operator.record import InputRecord, Pending, TopicPartition
+from sluice.operator.stalls import Decoded, StallingDecoder
+from sluice.operator.state import SharedState
+
+
+class Intake:
+    """Decode, prepare, queue. Intake thread only."""
+
+    def __init__(self, state: SharedState, decoder: StallingDecoder, engine: BatchEngine | ContinuousEngine,
+                 emitter: Emitter, observer: Observer) -> None:
+        self.state, self.decoder, self.engine, self.emitter, self.observer = state, decoder, engine, emitter, observer
+        policy = state.batcher.policy
+        self._measure = policy.bucket_by_length or policy.max_batch_tokens is not None  # need item lengths?
+
+    def take(self, records: list[InputRecord], now: float) -> None:
+        """Records just polled (the first step of every record's path)."""
+        s = self.state
+        with s.cond:
+            s.ledger.track_many(records)
+            s.summary.num_in += len(records)
+        rejected: list[Failure] = []
+        records = self._observe_polled(records, now, rejected)
+        decoded, decode_rejected = self.decoder.decode(records, now)
+        rejected.extend(decode_rejected)
+        self._admit(decoded, rejected, now)
+
+    def retry_stalled(self, now: float) -> bool:
+        """Partitions waiting for the schema registry: retry those due; stop past the outage limit. True when
+        a partition resumed (its later records come now)."""
+        decoded, rejected, resumed = self.decoder.retry(now)
+        if decoded or rejected:
+            self._admit(decoded, rejected, now)
+        expired = self.decoder.expired(now)
+        if expired is not None:
+            self.state.stop(expired)
+        return bool(resumed)
+
+    @property
+    def has_stalls(self) -> bool:
+        """Some partition waits for the schema registry."""
+        return bool(self.decoder.stalls)
+
+    def is_stalled(self, tp: TopicPartition) -> bool:
+        """``tp`` is paused waiting for the schema registry (not for room)."""
+        return tp in self.decoder.stalls
+
+    def forget(self, tps: list[TopicPartition]) -> None:
+        """Partitions gone: their held records stay uncommitted, their next owner processes them."""
+        self.decoder.forget(tps)
+
+    def start_over(self) -> None:
+        """The consumer was rewound: held records are read again, their partitions resume."""
+        self.decoder.resume(self.decoder.forget(self.decoder.stalls.partitions()))
+
+    # ------------------------------------------------------------------------------------------ inner
+
+    def _admit(self, decoded: list[Decoded], rejected: list[Failure], now: float) -> None:
+        """Decoded records to the batcher (after ``prepare``), rejected ones to the dead-letter topic."""
+        s = self.state
+        accepted = self._prepare(decoded, rejected)
+        with s.cond:
+            s.batcher.add_many(accepted, now)
+            if s.adaptive is not None:
+                s.adaptive.arrivals.observe(len(accepted), now)
+            s.cond.notify_all()
+        self.emitter.emit([], [], rejected)
+
+    def _observe_polled(self, records: list[InputRecord], now: float, rejected: list[Failure]) -> list[InputRecord]:
+        """The observer's ``polled`` (trace context from each record's headers) for the whole poll; record by
+        record only when that fails, to find the records it fails on. Returns the records that passed."""
+        try:
+            self.observer.polled(records, now)
+            return records
+        except Exception:
+            pass
+        passed = []
+        for r in records:
+            try:
+                self.observer.polled([r], now)
+            except Exception as err:
+                rejected.append((r, "headers", err))
+            else:
+                passed.append(r)
+        return passed
+
+    def _prepare(self, decoded: list[Decoded], rejected: list[Failure]) -> list[tuple[Pending, int]]:
+        """Engine ``prepare`` (and ``item_length``) for all records at once; one by one only when that fails,
+        so that only the records it fails on alone are dead-lettered, with the engine's own exception."""
+        engine = self.engine
+        try:
+            items = engine.prepare([v for _, _, v in decoded])
+            if len(items) != len(decoded):
+                raise EngineError(f"prepare returned {len(items)} items for {len(decoded)} values")
+            if self._measure:
+                return [(Pending(r, d, it), _length(engine, it)) for (r, d, _), it in zip(decoded, items, strict=True)]
+            return [(Pending(r, d, it), 1) for (r, d, _), it in zip(decoded, items, strict=True)]
+        except Exception:
+            pass
+        accepted = []
+        for r, d, v in decoded:
+            try:
+                items = engine.prepare([v])
+                if len(items) != 1:
+                    raise EngineError(f"prepare returned {len(items)} items for one value")
+                accepted.append((Pending(r, d, items[0]), _length(engine, items[0]) if self._measure else 1))
+            except Exception as err:  # RecordError, or anything else the engine raises on this one input
+                rejected.append((r, "prepare", err))
+        return accepted
+
+
+def _length(engine: BatchEngine | ContinuousEngine, item: Any) -> int:
+    """``item_length`` as the batcher needs it: an integer of at least 1."""
+    return max(1, operator.index(engine.item_length(item)))

@@ -1,0 +1,111 @@
+"""The package's shape: no import cycle anywhere in sluice/ (counting imports inside functions and under
+TYPE_CHECKING: a cycle there still means two modules that cannot be read one after the other), and the
+operator, config and connector modules stay small enough to read in one go."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+MAX_LINES = 300
+SIZE_CHECKED = ("sluice/operator", "sluice/config", "sluice/connectors")
+
+
+def modules() -> dict[str, Path]:
+    found = {}
+    for path in (ROOT / "sluice").rglob("*.py"):
+        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        found[".".join(parts)] = path
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the sluice modules it names in an import (``from a.b import c`` names ``a.b.c`` when that
+    is a module, else ``a.b``). A package's implicit import of its parent is not an edge."""
+    mods = modules()
+    graph: dict[str, set[str]] = {m: set() for m in mods}
+    for name, path in mods.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                graph[name] |= {a.name for a in node.names if a.name in mods}
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                    base = ".".join([*anchor, base] if base else anchor)
+                for alias in node.names:
+                    target = f"{base}.{alias.name}"
+                    if target in mods:
+                        graph[name].add(target)
+                    elif base in mods:
+                        graph[name].add(base)
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module, or a module importing itself (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1 or v in graph[v]:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_cycle_in_sluice() -> None:
+    graph = import_graph()
+    assert len(graph) > 50 and "sluice.operator.runner" in graph["sluice.operator.build"]  # the graph is real
+    assert cycles(graph) == []
+
+
+def test_the_cycle_finder_finds_a_cycle() -> None:
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"a"}}) == [["a"]]
+
+
+def test_the_config_layer_imports_nothing_of_the_operator_or_connectors() -> None:
+    graph = import_graph()
+    config = [m for m in graph if m == "sluice.config" or m.startswith("sluice.config.")]
+    assert len(config) >= 10
+    for m in config:
+        assert not {t for t in graph[m] if t.startswith(("sluice.operator", "sluice.connectors"))}, m
+
+
+def test_operator_config_and_connector_modules_are_short_or_say_why() -> None:
+    long = []
+    for folder in SIZE_CHECKED:
+        for path in (ROOT / folder).rglob("*.py"):
+            lines = path.read_text().count("\n")
+            docstring = ast.get_docstring(ast.parse(path.read_text())) or ""
+            if lines > MAX_LINES and "over 300 lines" not in docstring.lower():
+                long.append(f"{path.relative_to(ROOT)}: {lines} lines")
+    assert long == []
