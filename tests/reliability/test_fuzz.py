@@ -144,7 +144,8 @@ pipeline_bytes = st.one_of(
     alias_trouble().map(str.encode), tagged_and_odd().map(str.encode), huge.map(str.encode))
 
 
-# the hostile classes each get a refusal of their own; the fuzzer must reach every one
+# the hostile classes each get a refusal of their own; the fuzzer must reach every one (each also has an
+# explicit example below, so the check does not hang on what one generation run happens to draw)
 REFUSALS = ("an alias refers to the value it is part of", "aliases expand this file", "YAML cannot read one of the values",
             "nests more than", "a pipeline file is at most 1 MiB", "the file holds more than", "is not UTF-8")
 
@@ -178,6 +179,9 @@ def test_generated_pipeline_files_load_or_fail_with_a_config_error(tmp_path_fact
     @example("".join(f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9) if i else 'x'}]\n" for i in range(10)).encode())
     @example(b"name: \xff\xfe\n")  # not UTF-8
     @example(b"source: " + b"[" * 1000)  # nesting deeper than the YAML parser's recursion
+    @example(b"name: 2001-13-45\n")  # a scalar YAML resolves (a date) but cannot build: a ValueError traceback
+    @example(b"x-big: " + b"y" * (1 << 20) + b"\n")  # over the file size bound
+    @example(b"x-many:\n" + b"- 1\n" * 30_000)  # more values than the bound
     def check(content: bytes) -> None:
         path.write_bytes(content)
         outcome = load_outcome(path)  # anything but a pipeline or a ConfigError propagates and fails the test
