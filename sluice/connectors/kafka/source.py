@@ -25,6 +25,10 @@ from sluice.operator.record import InputRecord, TopicPartition
 log = logging.getLogger(__name__)
 
 _LEAVE_TIMEOUT_S = 10.0  # how long a static member's close waits for its revoke before closing anyway
+# A static member fenced by its own id (see _self_fenced) joins again with a new consumer, at most this many
+# times within the window; more often than that, another process really holds the id and the operator stops.
+_MAX_REJOINS = 3
+_REJOIN_WINDOW_S = 300.0
 
 
 class KafkaSource:
@@ -63,9 +67,14 @@ class KafkaSource:
             conf["group.instance.id"] = group_instance_id
         conf.update(security_config(cfg.security))
         conf.update(cfg.config)
+        self._conf = conf
         self._consumer = Consumer(conf)
+        self._callbacks: tuple[PartitionsCallback, PartitionsCallback, PartitionsCallback] | None = None
+        self._rejoins: list[float] = []  # clock times of the self-fencing rejoins (see _on_error)
         member = conf.get("group.instance.id")
         self.group_instance_id = None if member is None else str(member)
+        # Sluice's own id, from this host's instance slot lock (sluice/operator/instance.py), not the user's
+        self.derived_instance_id = group_instance_id is not None and "group.instance.id" not in cfg.config
         self._failed = False  # a fatal error: the consumer cannot leave the group any more
         self._paused: set[TopicPartition] = set()
         self.assignment: set[TopicPartition] = set()
@@ -79,6 +88,13 @@ class KafkaSource:
 
     def subscribe(self, on_assign: PartitionsCallback, on_revoke: PartitionsCallback,
                   on_lost: PartitionsCallback) -> None:
+        self._callbacks = (on_assign, on_revoke, on_lost)
+        self._subscribe()
+
+    def _subscribe(self) -> None:
+        assert self._callbacks is not None
+        on_assign, on_revoke, on_lost = self._callbacks
+
         def assigned(_: Consumer, parts: list[KafkaTopicPartition]) -> None:
             tps = [TopicPartition(p.topic, p.partition) for p in parts]
             self.assignment.update(tps)
@@ -268,6 +284,9 @@ class KafkaSource:
 
     def _on_error(self, err: KafkaError) -> None:
         if err.fatal() or err.code() == KafkaError._FATAL:  # an error event reports a fatal error as _FATAL
+            if self._self_fenced(err):
+                self._rejoin(err)
+                return
             self._failed = True
             hint = ""
             if self.group_instance_id is not None or "fenced" in err.str().lower():
@@ -278,3 +297,38 @@ class KafkaSource:
             raise SourceFailed(f"kafka consumer: fatal error: {err.str()}{hint}")
         # Transient: broker down, leader moving... librdkafka retries by itself.
         log.warning("kafka consumer: %s", err.str())
+
+    def _self_fenced(self, err: KafkaError) -> bool:
+        """A fenced static member that may have been fenced by *itself*: librdkafka reports FENCED_INSTANCE_ID as
+        fatal even where no other process holds the id -- seen when the group coordinator's broker died and
+        the member's rejoin replaced its own older registration (librdkafka #3437, confluent-kafka-go #494).
+        Rejoining is safe only for the derived default id, which this process holds through its host's
+        instance slot lock (no other process on this host can have it), and only a few times in a row."""
+        if not (err.code() == KafkaError.FENCED_INSTANCE_ID or "static consumer fenced" in err.str().lower()):
+            return False
+        if self.group_instance_id is None or not self.derived_instance_id or self._callbacks is None:
+            return False
+        now = self._clock()
+        self._rejoins = [t for t in self._rejoins if now - t < _REJOIN_WINDOW_S]
+        return len(self._rejoins) < _MAX_REJOINS
+
+    def _rejoin(self, err: KafkaError) -> None:
+        """Replace the fenced consumer with a new one under the same id: its partitions are lost (nothing of
+        theirs is committed; the delivery strategy rewinds or lets them be redone) and come back with the
+        new member's assignment."""
+        assert self._callbacks is not None
+        self._rejoins.append(self._clock())
+        log.warning("kafka consumer: %s; the group.instance.id %s is this process's own (its host slot lock is "
+                    "held here), so it joins the group again with a new consumer (%d of %d within %.0f s)",
+                    err.str(), self.group_instance_id, len(self._rejoins), _MAX_REJOINS, _REJOIN_WINDOW_S)
+        lost = list(self.assignment)
+        self._drop(lost)
+        self._paused.clear()
+        if lost:
+            self._callbacks[2](lost)
+        try:
+            self._consumer.close()
+        except (KafkaException, RuntimeError) as close_err:  # it is already failed: nothing to leave
+            log.debug("closing the fenced consumer: %s", close_err)
+        self._consumer = Consumer(self._conf)
+        self._subscribe()
