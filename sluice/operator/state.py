@@ -19,6 +19,8 @@ field                written by
 ``draining``         shutdown: take every queued record, due or not, then exit
 ``stopped``          shutdown, or :meth:`stop` on a fatal error: the engine thread exits now
 ``abandoned``        rebalances and rewinds: running requests of these partitions are to be aborted
+``next_model``       intake (:meth:`hand_over`: a reloaded model, with the batcher sealed); engine thread
+                     (:meth:`take_next_model`, between two batches, once the sealed records are taken)
 ``stop_reason``      :meth:`stop` only: the first reason the operator must stop; later ones are logged
 ===================  ===================================================================================
 """
@@ -36,6 +38,7 @@ from sluice.operator.adaptive import AdaptivePolicy
 from sluice.operator.batcher import Batcher
 from sluice.operator.ledger import InFlightLedger
 from sluice.operator.record import InputRecord, Pending, TopicPartition
+from sluice.operator.serving import Serving
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +76,7 @@ class SharedState:
         self.stopped = False
         self.abandoned: set[TopicPartition] = set()
         self.abandon_all = False
+        self.next_model: Serving | None = None
         self._stop_reason: str | None = None
 
     # ------------------------------------------------------------------------------------- stopping
@@ -128,6 +132,23 @@ class SharedState:
         with self.cond:
             self.stopped = True
             self.cond.notify_all()
+
+    def hand_over(self, serving: Serving) -> None:
+        """Intake thread, a reloaded model ready: records queued until now were prepared by the serving
+        engine and stay its own (the batcher is sealed: they leave first, in batches of their own); records
+        queued from now on are the new engine's. The engine thread takes ``serving`` once it is free."""
+        with self.cond:
+            self.batcher.seal()
+            self.next_model = serving
+            self.cond.notify_all()
+
+    def take_next_model(self, once_sealed_taken: bool = True) -> Serving | None:
+        """Engine thread, between two batches, with ``cond`` held: the model to switch to now, if one was
+        handed over (and, with ``once_sealed_taken``, every record sealed for the old one has been taken)."""
+        if self.next_model is None or (once_sealed_taken and self.batcher.num_sealed):
+            return None
+        serving, self.next_model = self.next_model, None
+        return serving
 
     def take_abandoned(self) -> tuple[bool, set[TopicPartition]]:
         """Engine thread, before its next step: (abort every running request?, partitions whose running
