@@ -110,20 +110,18 @@ class Batcher(Generic[T]):
         self._count = 0
         self._num_tokens = 0  # sum of the queued items' lengths
         self.last_padded_tokens = 0  # the last batch taken: its size x its longest length
-        self._sealed: Batcher[T] | None = None  # items queued before seal(), while any are left
+        self._sealed: Batcher[T] | None = None  # items queued before seal()
 
     def __len__(self) -> int:
         return self._count + self.num_sealed
 
     @property
     def num_sealed(self) -> int:
-        """Items queued before the last :meth:`seal` and not taken yet."""
-        return self._sealed._count if self._sealed is not None else 0
+        return self._sealed._count if self._sealed is not None else 0  # sealed items not taken yet
 
     def seal(self) -> None:
-        """Close a generation: every item queued now leaves before, and never together with, any item added
-        from now on; they are due at once (no later item can join their batches, so waiting gains nothing).
-        One generation at a time: sealing again while sealed items are left is a bug (RuntimeError)."""
+        """Items queued now leave before, and never with, any added later; due at once (nothing can join them).
+        One generation at a time: sealing while sealed items are left is a bug (RuntimeError)."""
         if self.num_sealed:
             raise RuntimeError("the batcher is still sealed: the previous generation has items left")
         sealed: Batcher[T] = Batcher(self.policy)
@@ -162,8 +160,8 @@ class Batcher(Generic[T]):
         """The earliest time at which a batch becomes due by time, or None when empty (sealed items are due
         now, whatever their deadline; theirs are the earliest anyway: they came first)."""
         heads = [b.entries[0].deadline_s for b in self._buckets.values() if b.entries]
-        if self._sealed is not None:
-            heads.append(self._sealed.next_deadline() or float("-inf"))
+        if self._sealed is not None and (sealed := self._sealed.next_deadline()) is not None:
+            heads.append(sealed)
         return min(heads) if heads else None
 
     def next_batch(self, now: float, max_size: int | None = None, horizon_s: float = 0.0,
@@ -176,8 +174,10 @@ class Batcher(Generic[T]):
         time like an expired one, because waiting for its own turn would find the engine busy and make it late.
         ``max_tokens`` lowers ``max_batch_tokens`` for this call (the adaptive policy's choice).
         """
-        if self._sealed is not None:
-            return self._next_sealed(max_size, max_tokens)
+        if (sealed := self._sealed) is not None and sealed._count:  # what was sealed goes first, at once
+            batch = sealed.next_batch(float("inf"), max_size, 0.0, max_tokens)
+            self.last_padded_tokens = sealed.last_padded_tokens
+            return batch
         size = self.policy.max_batch_size if max_size is None else max(1, min(max_size, self.policy.max_batch_size))
         due = self._due_bucket(now, size)
         if due is None:
@@ -191,7 +191,6 @@ class Batcher(Generic[T]):
         """Every queued item, cut into batches that respect the size and token caps (for shutdown); sealed
         items first, in batches of their own."""
         batches = self._sealed.drain() if self._sealed is not None else []
-        self._sealed = None
         while self._count:
             key = min(self._buckets, key=lambda k: self._buckets[k].entries[0].seq)
             batches.append(self._take(key, float("inf"), self.policy.max_batch_size, float("inf"), top_up=True,
@@ -202,8 +201,6 @@ class Batcher(Generic[T]):
         """Remove and return every queued item for which ``predicate`` holds (e.g. revoked partitions)."""
         removed: list[T] = self._sealed.remove(predicate) if self._sealed is not None else []
         num_sealed_removed = len(removed)
-        if not self.num_sealed:
-            self._sealed = None
         for key in list(self._buckets):
             old = self._buckets.pop(key)
             kept: _Bucket[T] = _Bucket()
@@ -219,14 +216,6 @@ class Batcher(Generic[T]):
         return removed
 
     # ------------------------------------------------------------------------------------------ inner
-
-    def _next_sealed(self, max_size: int | None, max_tokens: int | None) -> list[T] | None:
-        assert self._sealed is not None
-        batch = self._sealed.next_batch(float("inf"), max_size, 0.0, max_tokens)
-        self.last_padded_tokens = self._sealed.last_padded_tokens
-        if not self._sealed._count:
-            self._sealed = None
-        return batch
 
     def _is_full(self, bucket: _Bucket[T], size: int) -> bool:
         p = self.policy

@@ -26,7 +26,7 @@ from sluice.operator.emitter import Emitter
 from sluice.operator.observer import Observer
 from sluice.operator.record import Pending, TopicPartition
 from sluice.operator.serving import Engine, Serving
-from sluice.operator.state import SharedState
+from sluice.operator.state import SharedState, Switch
 from sluice.operator.worker import EngineThread
 
 log = logging.getLogger(__name__)
@@ -70,10 +70,12 @@ class ContinuousWorker(EngineThread[tuple[_Lane, list[Pending]]]):
         """Records to add now, and the engine they go to; no records when there is only running work to
         step; None: nothing to do."""
         s = self.state
-        if s.next_model is not None and (serving := s.take_next_model(once_sealed_taken=False)) is not None:
+        if s.switch is Switch.OFFERED:  # what is queued was prepared by the serving engine: sealed, for it
+            s.seal_for_switch()
+        elif s.switch is Switch.ACKED and (serving := s.take_next_model(once_sealed_taken=False)) is not None:
             self._switched(serving)
             self._lanes.append(_Lane(serving, _continuous(serving)))
-        # records sealed at the hand-over were prepared by the engine serving then: they go to it
+        # sealed records were prepared by the engine serving before the switch: they go to it
         lane = self._lanes[-2] if s.batcher.num_sealed and len(self._lanes) > 1 else self._lanes[-1]
         self._retire_drained(s.batcher.num_sealed)
         room = lane.engine.room()

@@ -51,10 +51,14 @@ class Intake:
         self._admit(decoded, rejected, now)
 
     def hand_over(self, serving: Serving) -> None:
-        """A reloaded model: records prepared from now on are its own (``state.hand_over`` seals the rest
-        for the engine that prepared them)."""
-        self.state.hand_over(serving)
-        self.serving = serving
+        """A reloaded model is ready. Records go on being prepared by the serving engine until the engine
+        thread has sealed what it prepared (``state.Switch``); :meth:`follow_switch` then moves on."""
+        self.state.offer_model(serving)
+
+    def follow_switch(self) -> None:
+        """Every pass: prepare with the new engine once the old one's records are sealed."""
+        if (follow := self.state.follow_switch()) is not None:
+            self.serving = follow
 
     def retry_stalled(self, now: float) -> bool:
         """Partitions waiting for the schema registry: retry those due; stop past the outage limit. True when
@@ -89,12 +93,14 @@ class Intake:
     def _admit(self, decoded: list[Decoded], rejected: list[Failure], now: float) -> None:
         """Decoded records to the batcher (after ``prepare``), rejected ones to the dead-letter topic."""
         s = self.state
-        accepted = self._prepare(decoded, rejected)
-        with s.cond:
-            s.batcher.add_many(accepted, now)
-            if s.adaptive is not None:
-                s.adaptive.arrivals.observe(len(accepted), now)
-            s.cond.notify_all()
+        refused: list[Failure] = []
+        accepted = self._prepare(decoded, refused)
+        if (follow := s.queue(accepted, now)) is not None:  # the old engine's records were sealed meanwhile:
+            self.serving = follow  # these are the new engine's, prepared again by it
+            refused = []
+            accepted = self._prepare(decoded, refused)
+            s.queue(accepted, now)
+        rejected += refused
         self.emitter.emit([], [], rejected, model=self.serving.header)
 
     def _observe_polled(self, records: list[InputRecord], now: float, rejected: list[Failure]) -> list[InputRecord]:

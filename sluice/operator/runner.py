@@ -218,8 +218,9 @@ class Runner:
             self._reload_asked = False
             self.reloader.request()
         ready = self.reloader.take_ready()
-        if ready is not None:  # from now on, records are prepared by the new engine (and will run on it)
+        if ready is not None:  # the engine thread seals the old engine's records at its next batch...
             self.intake.hand_over(ready)
+        self.intake.follow_switch()  # ...and from then on, records are prepared by the new engine
 
     # --------------------------------------------------------------------------------------- shutdown
 

@@ -6,8 +6,9 @@ is asked for a batch only when this thread is free, so while the engine works, t
 operator); :class:`EngineWorker` runs a batch engine, :class:`~sluice.operator.continuous.ContinuousWorker`
 a continuous one (the LLM). Results go to :meth:`Emitter.settle <sluice.operator.emitter.Emitter.settle>`.
 
-A reload switches engines here, between two batches: once the records the old engine prepared (sealed in
-the batcher by ``SharedState.hand_over``) have all run on it, the next batch runs on the new engine and the
+A reload switches engines here, between two batches (``state.Switch``): offered a new engine, this thread
+takes what the old one prepared as its next batch and seals the rest; once every sealed record has run on
+the old engine and the intake prepares with the new one, the next batch runs on the new engine, and the
 old one goes to ``retire`` (closed off this thread). Each batch's outputs name the engine that ran it.
 """
 
@@ -26,7 +27,7 @@ from sluice.operator.observer import Observer
 from sluice.operator.oom_governor import BatchSizeGovernor
 from sluice.operator.record import Pending, TopicPartition
 from sluice.operator.serving import Engine, Serving
-from sluice.operator.state import SharedState
+from sluice.operator.state import SharedState, Switch
 
 log = logging.getLogger(__name__)
 
@@ -69,8 +70,7 @@ class EngineThread(threading.Thread, ABC, Generic[W]):
             s.stop_engine()
         finally:
             self._exit()
-            with s.cond:  # a model handed over and never switched to (stopped first) is not needed
-                unused = s.take_next_model(once_sealed_taken=False)
+            unused = s.take_unused_model()  # offered and never switched to (stopped first): not needed
             if unused is not None:
                 self.retire(unused.engine)
 
@@ -125,7 +125,12 @@ class EngineWorker(EngineThread[list[Pending]]):
 
     def _take(self, now: float) -> list[Pending] | None:
         s = self.state
-        if s.next_model is not None and (serving := s.take_next_model()) is not None:
+        if s.switch is Switch.OFFERED:  # what the old engine prepared goes now, as its last batch...
+            batch = s.batcher.next_batch(float("inf"), self.governor.limit)
+            s.seal_for_switch()  # ...but for what it prepares until the intake follows: sealed, for it too
+            if batch:
+                return self._count(batch)
+        elif s.switch is Switch.ACKED and (serving := s.take_next_model()) is not None:
             self._switch(serving)
         self._wake_at = wake_at = s.batcher.next_deadline()
         limit = self.governor.limit
@@ -140,10 +145,11 @@ class EngineWorker(EngineThread[list[Pending]]):
             else:
                 self._wake_at = min(wake_at, decision.wake_at_s)
         batch = s.batcher.next_batch(due_at, limit, self.service_estimate_s, max_tokens)
-        if not batch:
-            return None
-        s.summary.num_batches += 1
-        s.summary.num_batched_records += len(batch)
+        return self._count(batch) if batch else None
+
+    def _count(self, batch: list[Pending]) -> list[Pending]:
+        self.state.summary.num_batches += 1
+        self.state.summary.num_batched_records += len(batch)
         return batch
 
     def _wait_s(self, now: float) -> float | None:

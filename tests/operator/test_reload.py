@@ -72,6 +72,7 @@ class Tagger(BatchEngine):
         assert not self.closed
         assert all(owner is self for owner, _ in items), "a record prepared by another engine reached this one"
         self.batches += 1
+        time.sleep(0.002)  # slower than the records come: a queue builds up, and a switch has some to seal
         return [f"{self.tag}:{text}" for _, text in items]
 
     def close(self) -> None:
@@ -105,6 +106,7 @@ class Stepper(ContinuousEngine):
     def step(self) -> list[tuple[Any, Any]]:
         assert not self.closed
         self.steps += 1
+        time.sleep(0.001)
         done = []
         for key, request in list(self.running.items()):
             request[1] -= 1
@@ -338,3 +340,29 @@ def test_a_run_stopping_before_the_switch_closes_the_new_engine_and_leaves_the_s
     assert new.closed and new.batches == 0  # handed over, never switched to, closed at the end
     assert not old.closed and h.runner.engine is old  # the serving engine is the caller's to close
     assert {tag for _, tag, _ in h.outputs()} == {"v1"}
+
+
+def test_the_switch_steps_in_order_and_records_prepared_too_late_are_prepared_again() -> None:
+    from sluice.operator.batcher import Batcher, BatchPolicy
+    from sluice.operator.ledger import InFlightLedger
+    from sluice.operator.state import SharedState, Switch
+
+    state = SharedState(Batcher(BatchPolicy(max_batch_size=2, max_queue_delay_s=1.0)), InFlightLedger())
+    old, new = (Serving(Tagger(Path(name)), identify(ModelSource(name, None), "python")) for name in ("a", "b"))
+    item = (None, 1)  # the state never looks inside what it queues
+    assert state.queue([item, item, item], 0.0) is None and len(state.batcher) == 3  # old's, no switch yet
+    state.offer_model(new)
+    assert state.queue([item], 0.0) is None and len(state.batcher) == 4  # offered: still the old engine's
+    with state.cond:
+        assert state.take_next_model() is None  # not before the seal and the intake's move
+        assert len(state.batcher.next_batch(float("inf")) or []) == 2  # the old engine's next batch...
+        state.seal_for_switch()  # ...and the rest sealed for it
+    assert state.batcher.num_sealed == 2 and state.switch is Switch.SEALED
+    assert state.queue([item], 0.0) is new  # prepared by the old engine too late: not queued, to prepare again
+    assert len(state.batcher) == 2 and state.switch is Switch.ACKED
+    assert state.queue([item], 0.0) is None and len(state.batcher) == 3  # the new engine's, unsealed
+    with state.cond:
+        assert state.take_next_model() is None  # the sealed ones run on the old engine first
+        assert state.batcher.next_batch(float("inf")) is not None and state.batcher.num_sealed == 0
+        assert state.take_next_model() is new and state.switch is Switch.NONE
+    assert old.engine is not new.engine and state.follow_switch() is None

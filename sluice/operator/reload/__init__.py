@@ -4,13 +4,15 @@ A new version of the model -- found by polling its path (``engine.reload.watch``
 ``sluice reload`` / SIGHUP -- is hashed, checked for memory, built and warmed up beside the serving engine,
 off the engine thread (:mod:`.reloader`), then switched to between two batches:
 
-1. the intake takes the ready engine (``Runner`` loop): records it prepares from now on are the new
-   engine's, and the records already queued are sealed in the batcher for the old one
-   (``SharedState.hand_over``);
-2. the engine thread runs the sealed records on the old engine, batch by batch, then switches: the next
-   batch is the new engine's (sluice/operator/worker.py). A continuous engine (llm) lets the old engine's
-   running requests finish beside the new one's (sluice/operator/continuous.py);
-3. the old engine is closed on the reloader's thread.
+1. the intake takes the ready engine (``Runner`` loop) and offers it to the engine thread
+   (``SharedState.offer_model``; the switch's steps are ``sluice.operator.state.Switch``);
+2. the engine thread, free between two batches, runs what the old engine prepared as its next batch and
+   seals the rest in the batcher for it; the intake follows: records are prepared by the new engine from
+   then on (a poll's worth the old one prepared meanwhile is prepared again);
+3. once the sealed records have run on the old engine, the next batch is the new engine's
+   (sluice/operator/worker.py). A continuous engine (llm) lets the old engine's running requests finish
+   beside the new one's (sluice/operator/continuous.py);
+4. the old engine is closed on the reloader's thread.
 
 Records are neither lost nor run twice: a record is prepared by one engine and runs on it, and nothing
 about offsets or delivery changes (the ledger and the delivery strategy never see a switch). Each output
