@@ -172,3 +172,14 @@ def test_an_llm_swapped_mid_stream_finishes_what_it_started_and_each_answer_is_i
     assert by_model == set(expected)  # both served
     for header, text, answer in rows:
         assert answer == expected[parse_label(header)[1]][text]  # generated start to end by the model it names
+
+
+def test_watching_a_model_built_in_code_is_refused_at_start_with_what_to_do() -> None:
+    from sluice.operator.build import StartError
+
+    loaded = pipeline(extra=f'engine: {{type: python, function: "tests.integration.funcs:tag", {RELOAD}}}\n')
+    engine, started = start_engine(loaded)
+    assert not started.source.reloadable and started.identity.name == "tests.integration.funcs:tag"
+    with pytest.raises(StartError, match="built in code, not a model on disk: there is nothing to watch "
+                                         r"\(give engine.model -- with engine.factory for the python engine"):
+        build_reloader(loaded, engine, started, Observer())
