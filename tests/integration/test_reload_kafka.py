@@ -7,6 +7,7 @@ which model made them and which records shared a batch."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -16,7 +17,8 @@ import sys
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -134,6 +136,41 @@ def start_sluice(tmp_path: Path, bootstrap: str, topic_in: str, topic_out: str, 
     return proc, lines, path
 
 
+@dataclass
+class Run:
+    proc: subprocess.Popen[str]
+    lines: list[str]  # its stderr (the log), line by line
+    path: Path  # the pipeline file
+    tail: Tail
+    load: Load
+    versions: Versions
+    topics: tuple[str, str, str]  # in, out, dead letters
+
+
+@contextlib.contextmanager
+def running(bootstrap: str, tmp_path: Path, delivery: str, watch: bool, first: dict[str, Any],
+            per_s: int = 800) -> Iterator[Run]:
+    """``sluice run`` on model version ``first``, a steady load into it, a reader of its outputs."""
+    topics = unique_topic("in"), unique_topic("out"), unique_topic("dlq")
+    for topic, partitions in zip(topics, (NUM_PARTITIONS, NUM_PARTITIONS, 1), strict=True):
+        create_topic(bootstrap, topic, partitions)
+    (tmp_path / "models").mkdir()
+    versions = Versions(tmp_path / "models")
+    versions.deploy("v1", first)
+    proc, lines, path = start_sluice(tmp_path, bootstrap, *topics, delivery, watch)
+    isolation = "read_committed" if delivery == "exactly_once" else "read_uncommitted"
+    run = Run(proc, lines, path, Tail(bootstrap, topics[1], isolation), Load(bootstrap, topics[0], per_s),
+              versions, topics)
+    try:
+        yield run
+    finally:
+        run.load.stop()
+        run.tail.close()
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+
+
 def wait_for(what: str, done: Callable[[], bool], proc: subprocess.Popen[str], lines: list[str],
              timeout_s: float = 60) -> None:
     deadline = time.monotonic() + timeout_s
@@ -174,72 +211,44 @@ def check_outputs(outputs: list[ConsumedRecord], versions: Versions, num_sent: i
 @pytest.mark.parametrize("delivery", ["at_least_once", "exactly_once"])
 def test_a_model_swapped_mid_stream_under_load_names_every_output_and_a_broken_one_changes_nothing(
         kafka_bootstrap: str, tmp_path: Path, delivery: str) -> None:
-    t_in, t_out, t_dlq = unique_topic("in"), unique_topic("out"), unique_topic("dlq")
-    for topic, partitions in ((t_in, NUM_PARTITIONS), (t_out, NUM_PARTITIONS), (t_dlq, 1)):
-        create_topic(kafka_bootstrap, topic, partitions)
-    (tmp_path / "models").mkdir()
-    versions = Versions(tmp_path / "models")
-    versions.deploy("v1", {"tag": "v1", "pause_s": 0.005})
     exactly_once = delivery == "exactly_once"
-    isolation = "read_committed" if exactly_once else "read_uncommitted"
-    proc, lines, _ = start_sluice(tmp_path, kafka_bootstrap, t_in, t_out, t_dlq, delivery, watch=True)
-    tail, load = Tail(kafka_bootstrap, t_out, isolation), Load(kafka_bootstrap, t_in)
-    try:
-        wait_for("v1 outputs", lambda: len(tail.records) >= 600, proc, lines)
-        versions.deploy("v2", {"tag": "v2", "pause_s": 0.005})
-        wait_for("the switch to v2", lambda: "v2" in tail.tags(), proc, lines)
-        num_before_broken = len(tail.records)
-        versions.deploy("broken", {"pause_s": 0})  # no tag: the factory refuses it
-        wait_for("the broken model's refusal", lambda: any("model reload failed (start)" in line for line in lines),
-                 proc, lines)
-        wait_for("more v2 outputs", lambda: len(tail.records) >= num_before_broken + 600, proc, lines)
-        num_sent = load.stop()
-        assert proc.wait(120) == 0, "".join(lines[-30:])
-    finally:
-        load.stop()
-        tail.close()
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGKILL)
-            proc.wait()
-    log = "".join(lines)
+    with running(kafka_bootstrap, tmp_path, delivery, True, {"tag": "v1", "pause_s": 0.005}) as r:
+        wait_for("v1 outputs", lambda: len(r.tail.records) >= 600, r.proc, r.lines)
+        r.versions.deploy("v2", {"tag": "v2", "pause_s": 0.005})
+        wait_for("the switch to v2", lambda: "v2" in r.tail.tags(), r.proc, r.lines)
+        num_before_broken = len(r.tail.records)
+        r.versions.deploy("broken", {"pause_s": 0})  # no tag: the factory refuses it
+        wait_for("the broken model's refusal", lambda: any("model reload failed (start)" in x for x in r.lines),
+                 r.proc, r.lines)
+        wait_for("more v2 outputs", lambda: len(r.tail.records) >= num_before_broken + 600, r.proc, r.lines)
+        num_sent = r.load.stop()
+        assert r.proc.wait(120) == 0, "".join(r.lines[-30:])
+    log, versions = "".join(r.lines), r.versions
     assert "Traceback" not in log
-    outputs = consume_all(kafka_bootstrap, t_out, expected_count=num_sent, isolation=isolation)
+    outputs = consume_all(kafka_bootstrap, r.topics[1], expected_count=num_sent,
+                          isolation="read_committed" if exactly_once else "read_uncommitted")
     tags = check_outputs(outputs, versions, num_sent, exactly_once)
     assert tags.count("v1") >= 600 and tags.count("v2") >= 600  # mid-stream: both served a good share
     assert f"still serving tagger@sha256:{versions.digests['v2']} (python)" in log  # the broken one left v2 on
     assert "could not load" in log and "holds no tag" in log  # and why
-    assert consume_all(kafka_bootstrap, t_dlq) == []
+    assert consume_all(kafka_bootstrap, r.topics[2]) == []
 
 
 def test_sluice_reload_swaps_the_model_of_the_running_pipeline(kafka_bootstrap: str, tmp_path: Path) -> None:
-    t_in, t_out, t_dlq = unique_topic("in"), unique_topic("out"), unique_topic("dlq")
-    for topic, partitions in ((t_in, NUM_PARTITIONS), (t_out, NUM_PARTITIONS), (t_dlq, 1)):
-        create_topic(kafka_bootstrap, topic, partitions)
-    (tmp_path / "models").mkdir()
-    versions = Versions(tmp_path / "models")
-    versions.deploy("v1", {"tag": "v1"})
-    proc, lines, path = start_sluice(tmp_path, kafka_bootstrap, t_in, t_out, t_dlq, "at_least_once", watch=False)
-    tail, load = Tail(kafka_bootstrap, t_out, "read_uncommitted"), Load(kafka_bootstrap, t_in, per_s=400)
     env = {**os.environ, "SLUICE_RUN_DIR": str(tmp_path / "run")}
-    try:
-        wait_for("v1 outputs", lambda: len(tail.records) >= 300, proc, lines)
-        versions.deploy("v2", {"tag": "v2"})
+    with running(kafka_bootstrap, tmp_path, "at_least_once", False, {"tag": "v1"}, per_s=400) as r:
+        wait_for("v1 outputs", lambda: len(r.tail.records) >= 300, r.proc, r.lines)
+        r.versions.deploy("v2", {"tag": "v2"})
         time.sleep(1.0)
-        assert "v2" not in tail.tags()  # not watched: nothing happens on its own
-        asked = subprocess.run([sys.executable, "-m", "sluice.cli", "reload", str(path)], cwd=ROOT, env=env,
+        assert "v2" not in r.tail.tags()  # not watched: nothing happens on its own
+        asked = subprocess.run([sys.executable, "-m", "sluice.cli", "reload", str(r.path)], cwd=ROOT, env=env,
                                capture_output=True, text=True, timeout=60)
         assert asked.returncode == 0, asked.stderr
-        assert f"asked process {proc.pid}" in asked.stdout
-        wait_for("the switch to v2", lambda: "v2" in tail.tags(), proc, lines)
-        wait_for("more v2 outputs", lambda: tail.tags().count("v2") >= 300, proc, lines)
-        num_sent = load.stop()
-        assert proc.wait(120) == 0, "".join(lines[-30:])
-    finally:
-        load.stop()
-        tail.close()
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGKILL)
-            proc.wait()
-    outputs = consume_all(kafka_bootstrap, t_out, expected_count=num_sent)
-    check_outputs(outputs, versions, num_sent, exactly_once=False)
+        assert f"asked process {r.proc.pid}" in asked.stdout
+        wait_for("the switch to v2", lambda: "v2" in r.tail.tags(), r.proc, r.lines)
+        wait_for("more v2 outputs", lambda: r.tail.tags().count("v2") >= 300, r.proc, r.lines)
+        num_sent = r.load.stop()
+        assert r.proc.wait(120) == 0, "".join(r.lines[-30:])
+    outputs = consume_all(kafka_bootstrap, r.topics[1], expected_count=num_sent)
+    check_outputs(outputs, r.versions, num_sent, exactly_once=False)
     assert not list((tmp_path / "run").glob("*.pid"))  # withdrawn at the end

@@ -188,15 +188,20 @@ class Harness:
         return sorted(found)
 
 
-@DELIVERY
-def test_a_new_model_takes_over_between_two_batches_and_every_input_has_one_output(tmp_path: Path,
-                                                                                   extra: str) -> None:
+def swap_to_v2_at(num_records: int) -> Callable[[Harness], None]:
+    """A script: once ``num_records`` are handed out, deploy v2 and hold the intake until it is built."""
     def script(h: Harness) -> None:
-        if h.source.num_handed_out == 160 and "v2" not in h.labels:
+        if h.source.num_handed_out == num_records and "v2" not in h.labels:
             h.swap("v2")
             h.wait(lambda: h.reloader.phase is Phase.READY)
 
-    h = Harness(tmp_path, Tagger, 400, script, extra)
+    return script
+
+
+@DELIVERY
+def test_a_new_model_takes_over_between_two_batches_and_every_input_has_one_output(tmp_path: Path,
+                                                                                   extra: str) -> None:
+    h = Harness(tmp_path, Tagger, 400, swap_to_v2_at(160), extra)
     summary = h.runner.run()
     assert summary.error is None and h.sink.on("dlq") == []  # no batch mixed engines (infer would refuse)
     outputs = h.outputs()
@@ -295,12 +300,7 @@ def test_no_room_for_a_second_engine_refuses_the_reload_before_building_it(tmp_p
 @DELIVERY
 def test_a_continuous_engine_runs_beside_the_new_one_until_its_requests_have_finished(tmp_path: Path,
                                                                                        extra: str) -> None:
-    def script(h: Harness) -> None:
-        if h.source.num_handed_out == 96 and "v2" not in h.labels:
-            h.swap("v2")
-            h.wait(lambda: h.reloader.phase is Phase.READY)
-
-    h = Harness(tmp_path, Stepper, 240, script, extra)
+    h = Harness(tmp_path, Stepper, 240, swap_to_v2_at(96), extra)
     summary = h.runner.run()
     assert summary.error is None and h.sink.on("dlq") == []
     outputs = h.outputs()
