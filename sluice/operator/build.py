@@ -155,7 +155,7 @@ def build_reloader(loaded: LoadedPipeline, engine: BatchEngine | ContinuousEngin
                 "restart the pipeline to register one for it")
 
     return Reloader(started.source, Serving(engine, started.identity, started.warmup_s), started.footprint,
-                    lambda: build_engine(loaded), settings, observer, check=same_results)
+                    lambda: build_engine(loaded), settings, observer, check=same_results, known=started.fingerprint)
 
 
 def build_codec(loaded: LoadedPipeline, engine: BatchEngine | ContinuousEngine) -> RecordCodec:

@@ -297,6 +297,35 @@ def test_no_room_for_a_second_engine_refuses_the_reload_before_building_it(tmp_p
     assert len(h.engines) == 1 and {tag for _, tag, _ in h.outputs()} == {"v1"}
 
 
+@pytest.mark.parametrize("meanwhile", ["touched", "rewritten"])
+def test_a_model_changing_while_it_loads_is_loaded_again_unless_only_its_times_changed(tmp_path: Path,
+                                                                                       meanwhile: str) -> None:
+    class Touchy(Tagger):
+        def start(self) -> None:
+            super().start()
+            if self.tag == "v2":  # the deployment is still at work while the new version loads
+                if meanwhile == "touched":
+                    os.utime(self.path, (1, 1))
+                else:
+                    write_model(self.path, "v3")
+
+    def script(h: Harness) -> None:
+        if h.source.num_handed_out == 40 and "v2" not in h.labels:
+            h.swap("v2")
+            h.wait(lambda: h.reloader.phase is Phase.READY)
+
+    h = Harness(tmp_path, Touchy, 120, script)
+    assert h.runner.run().error is None
+    results = [(o.result, o.stage) for o in h.observer.outcomes]
+    if meanwhile == "touched":  # the same bytes: what loaded is what was hashed
+        assert results == [("ready", None)] and {tag for _, tag, _ in h.outputs()} == {"v1", "v2"}
+    else:  # v2 loaded while v3 was written: refused, then v3 loaded
+        assert results == [("failed", "changed"), ("ready", None)]
+        assert {tag for _, tag, _ in h.outputs()} == {"v1", "v3"}
+        v3 = identify(ModelSource("tagger", h.model), "python").label
+        assert {model for _, tag, model in h.outputs() if tag == "v3"} == {v3}
+
+
 @DELIVERY
 def test_a_continuous_engine_runs_beside_the_new_one_until_its_requests_have_finished(tmp_path: Path,
                                                                                        extra: str) -> None:

@@ -58,14 +58,17 @@ class Reloader:
 
     def __init__(self, source: ModelSource, serving: Serving, footprint: Footprint, build: Callable[[], Engine],
                  settings: Reload, observer: Observer, *, check: Callable[[Engine], str | None] = lambda _: None,
-                 clock: Callable[[], float] = time.monotonic,
-                 digest: Callable[[Path], str] = content_digest) -> None:
+                 clock: Callable[[], float] = time.monotonic, digest: Callable[[Path], str] = content_digest,
+                 known: Any = None) -> None:
+        """``known``: the model's fingerprint taken before the serving engine loaded it (default: now), so a
+        change made while it loaded is found at the first look."""
         self.source, self.settings, self.observer, self.clock = source, settings, observer, clock
         self._build, self._check, self._digest = build, check, digest
         self.serving = serving  # the newest engine taken by the intake (what a change is compared with)
         self._footprint = footprint
         self.phase = Phase.IDLE
-        self.watcher = ChangeWatcher(self._fingerprint(), settings.poll_interval_s, settings.settle_s)
+        self.watcher = ChangeWatcher(known if known is not None else self._fingerprint(), settings.poll_interval_s,
+                                     settings.settle_s)
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._requested = False
@@ -175,7 +178,10 @@ class Reloader:
             self.watcher.accept(seen)
             self._finish(started_s, "failed", identity, "start", first_line(err))
             return
-        problem = self._refusal(engine, seen)
+        after = self._fingerprint()
+        if after != seen and self._digest(path) == digest:
+            seen = after  # files touched while it loaded (times, a chmod), the same content: no change
+        problem = self._refusal(engine, after != seen)
         if problem is not None:
             self._discard(engine)
             self.phase = Phase.IDLE
@@ -189,11 +195,11 @@ class Reloader:
         self.watcher.accept(seen)
         self._finish(started_s, "ready", identity)
 
-    def _refusal(self, engine: Engine, seen: Any) -> tuple[Stage, str] | None:
+    def _refusal(self, engine: Engine, changed: bool) -> tuple[Stage, str] | None:
         """Why the engine just built must not serve, if it must not."""
         if self._stopping:
             return "start", "the pipeline is stopping"
-        if self._fingerprint() != seen:
+        if changed:  # what loaded may not be what was hashed
             return "changed", "the model changed again while it loaded; it is loaded again once it settles"
         try:
             reason = self._check(engine)

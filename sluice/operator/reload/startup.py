@@ -12,10 +12,11 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from sluice.engines.identity import ModelIdentity, ModelSource
 from sluice.engines.model_source import identify
-from sluice.models.digest import size_bytes
+from sluice.models.digest import fingerprint, size_bytes
 from sluice.operator.reload.memory import Footprint, measure_start
 from sluice.operator.serving import Engine
 
@@ -30,11 +31,13 @@ class Started:
     identity: ModelIdentity
     footprint: Footprint
     warmup_s: float  # the start: load and warm-up
+    fingerprint: Any  # of the model's files before it loaded (sluice/models/digest.py)
 
 
 def start_identified(engine: Engine, start: Callable[[], None], engine_type: str, name: str | None) -> Started:
     """Run ``start()`` (the engine's, with the caller's error handling) while hashing its model."""
     source = engine.model_source()
+    before = fingerprint(source.path) if source.path is not None and source.reloadable else None
     found: list[ModelIdentity] = []
     hashing = threading.Thread(target=lambda: found.append(identify(source, engine_type, name)),
                                name="sluice-model-digest", daemon=True)
@@ -52,4 +55,4 @@ def start_identified(engine: Engine, start: Callable[[], None], engine_type: str
     log.info("model %s (sha256 %s%s) on %s, started in %.1f s", identity.label, identity.digest,
              f", {size_bytes(source.path) / 1e6:.1f} MB at {source.path}" if source.path else "",
              engine.memory_device(), warmup_s)
-    return Started(source, identity, footprint, warmup_s)
+    return Started(source, identity, footprint, warmup_s, before)
