@@ -395,3 +395,25 @@ def test_the_switch_steps_in_order_and_records_prepared_too_late_are_prepared_ag
         assert state.batcher.next_batch(float("inf")) is not None and state.batcher.num_sealed == 0
         assert state.take_next_model() is new and state.switch is Switch.NONE
     assert old.engine is not new.engine and state.follow_switch() is None
+
+
+def test_dead_letters_name_the_model_too_whether_it_failed_them_or_was_serving_when_they_failed(
+        tmp_path: Path) -> None:
+    class Picky(Tagger):
+        def infer(self, items: Sequence[Any]) -> list[Any]:
+            if any("poison" in text for _, text in items):
+                raise ValueError("cannot digest poison")
+            return super().infer(items)
+
+    write_model(tmp_path / "model.txt", "v1")
+    engine = Picky(tmp_path / "model.txt")
+    engine.start()
+    label = identify(engine.model_source(), "python").label
+    values = [json.dumps({"text": "fine"}).encode(), b"{broken", json.dumps({"text": "poison"}).encode()]
+    source = MemorySource([(v, None, []) for v in values], clock=ManualClock())
+    sink = MemorySink()
+    Runner(pipeline(extra=BATCHING), source, sink, engine, clock=source.clock, max_records=3).run()
+    (out,) = sink.on("out")
+    assert out.header(MODEL_HEADER) == label
+    dead = {p.header("sluice.error.stage"): p.header(MODEL_HEADER) for p in sink.on("dlq")}
+    assert dead == {"decode": label, "infer": label}
