@@ -1,4 +1,4 @@
-"""The ``sluice`` command line: run | validate | models.
+"""The ``sluice`` command line: run | validate | reload | models.
 
 Every user error is one or a few lines on stderr and a non-zero exit code, never a traceback.
 """
@@ -12,9 +12,13 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING
 
 from sluice import __version__
 from sluice.config import ConfigError, LoadedPipeline, load_pipeline
+
+if TYPE_CHECKING:
+    from sluice.operator.reload.pid_file import PidFile
 
 log = logging.getLogger("sluice")
 
@@ -45,7 +49,8 @@ def _parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="run a pipeline until SIGINT/SIGTERM",
                          description="Run a pipeline. SIGINT/SIGTERM stops intake, drains in-flight batches, "
-                                     "commits what is done and exits 0.")
+                                     "commits what is done and exits 0. SIGHUP (or 'sluice reload') loads the "
+                                     "model again beside the serving one and switches to it between two batches.")
     run.add_argument("pipeline", type=Path, help="pipeline YAML file")
     run.add_argument("--max-records", type=int, metavar="N", help="stop after consuming N records")
     run.add_argument("--idle-exit", type=float, metavar="SECONDS",
@@ -59,6 +64,9 @@ def _parser() -> argparse.ArgumentParser:
     validate.add_argument("pipeline", type=Path, help="pipeline YAML file")
     validate.set_defaults(handler=_validate)
 
+    from sluice.operator.reload.command import add_parser as add_reload
+
+    add_reload(sub)
     try:
         from sluice.models.cli import add_parser as add_models
     except ImportError:  # models support not installed
@@ -107,10 +115,14 @@ def _run(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGHUP, lambda _signum, _frame: runner.reload())  # no logging in a handler: the run logs
+    announced = _announce(loaded)  # after the SIGHUP handler: `sluice reload` signals only what reloads
     try:
         summary = runner.run()
     finally:
-        engine.close()
+        runner.engine.close()  # the engine serving at the end (after a reload, not the one built first)
+        if announced is not None:
+            announced.release()
     log.info("stopped: %d in, %d out, %d dead-lettered, %d batches (mean size %.1f) in %.1f s",
              summary.num_in, summary.num_out, summary.num_dead_lettered, summary.num_batches,
              summary.mean_batch_size, summary.elapsed_s)
@@ -118,6 +130,18 @@ def _run(args: argparse.Namespace) -> int:
         print(f"sluice: stopped on error: {summary.error}", file=sys.stderr)
         return EXIT_FAILED
     return EXIT_OK
+
+
+def _announce(loaded: LoadedPipeline) -> PidFile | None:
+    """This run's PID file, for ``sluice reload`` to find it by (sluice/operator/reload/pid_file.py)."""
+    from sluice.operator.reload.pid_file import announce
+
+    p = loaded.pipeline
+    try:
+        return announce(p.name, p.source.kafka.group_id)
+    except OSError as err:  # SIGHUP and --pid still work; the pipeline runs all the same
+        log.warning("cannot write the PID file 'sluice reload' finds this process by: %s", err)
+        return None
 
 
 if __name__ == "__main__":

@@ -14,6 +14,11 @@ Lifecycle, as driven by the runner (``sluice.operator.runner``)::
     results = engine.infer(items)        # engine thread, one batch at a time
     engine.close()                       # once, after the last infer
 
+``model_source()`` (before ``start``) and ``memory_device()`` (after) tell the operator which model this is
+and where it lives: every output names the model (``sluice.engines.identity``), and a reload loads a new
+version beside the running one (``sluice.operator.reload``), so two engines of one type may be started,
+used and closed at once in one process (each owns its own model).
+
 ``prepare`` runs on the intake thread while ``infer`` of the previous batch runs on the engine thread, so
 per-record Python work (tokenising, say) overlaps inference instead of delaying it.
 """
@@ -24,6 +29,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from sluice.engines.identity import ModelSource, code_source
 
 
 class EngineError(Exception):
@@ -60,7 +67,21 @@ class EngineContext:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-class BatchEngine(ABC):
+class ModelInfo:
+    """What both kinds of engine say about their model (the operator's identity and reload need it)."""
+
+    def model_source(self) -> ModelSource:
+        """Where the model comes from (:class:`~sluice.engines.identity.ModelSource`). Called before ``start``
+        and again for each reload; cheap, never raises. Default: a model built in code (this class)."""
+        return code_source(f"{type(self).__module__}:{type(self).__qualname__}", type(self).__module__)
+
+    def memory_device(self) -> str:
+        """After ``start``: where the model's memory lives, ``cpu`` or ``cuda:N`` (a reload checks for room
+        for a second copy there). Default ``cpu``."""
+        return "cpu"
+
+
+class BatchEngine(ModelInfo, ABC):
     """A model served batch by batch.
 
     Guarantees the engine must give:
@@ -99,11 +120,12 @@ class BatchEngine(ABC):
         """
         return None
 
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release the model and device memory. Called once; no call follows."""
 
 
-class ContinuousEngine(ABC):
+class ContinuousEngine(ModelInfo, ABC):
     """A model served request by request, advanced step by step (continuous batching; the LLM engine).
 
     Driven by the operator's engine thread, which alone calls ``add`` / ``step`` / ``abort``::
@@ -159,6 +181,7 @@ class ContinuousEngine(ABC):
     @abstractmethod
     def abort(self, key: Any) -> None:
         """Drop a request (shutdown with unfinished work, revoked partition)."""
+
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release the model. Called once; no call follows."""

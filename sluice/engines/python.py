@@ -5,6 +5,17 @@ engine:
   type: python
   function: mypackage.enrich:classify   # def classify(inputs: list) -> list  (same length, same order)
 ```
+
+A model kept in a file (a pickle, a JSON table, weights a library loads) is given as ``model`` with a
+``factory`` that loads it; then outputs name that file's content, and ``engine.reload`` can roll a new
+version of it out while the pipeline runs:
+
+```yaml
+engine:
+  type: python
+  factory: mypackage.enrich:load        # def load(model: pathlib.Path) -> Callable[[list], list]
+  model: models/current                 # a file or directory, relative to the pipeline file
+```
 """
 
 from __future__ import annotations
@@ -15,25 +26,43 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from sluice.engines.base import BatchEngine, EngineContext, EngineError, EngineStartError
+from sluice.engines.base import BatchEngine, EngineContext, EngineError, EngineStartError, first_line
+from sluice.engines.identity import ModelSource, code_source
+from sluice.engines.model_source import disk_source
 from sluice.engines.registry import EngineType
 
 
 class PythonOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    function: str = Field(description="package.module:function taking a list and returning a list")
+    model_config = ConfigDict(extra="forbid", frozen=True, protected_namespaces=())
+    # package.module:function taking a list and returning a list
+    function: str | None = Field(default=None, description="package.module:function taking a list and "
+                                                            "returning a list")
+    # package.module:function taking the model's path and returning such a function (with ``model``)
+    factory: str | None = None
+    model: str | None = Field(default=None, min_length=1)  # a file or directory the factory loads
     # JSON Schema of one result, for schema-registry outputs (avro, json_schema) to derive theirs from
     result_schema: dict[str, Any] | None = None
 
-    @field_validator("function")
+    @field_validator("function", "factory")
     @classmethod
-    def _shape(cls, value: str) -> str:
+    def _shape(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
         module, _, attr = value.partition(":")
         if not module or not attr:
             raise ValueError("expected 'package.module:function'")
         return value
+
+    @model_validator(mode="after")
+    def _function_or_factory(self) -> PythonOptions:
+        if (self.function is None) == (self.factory is None):
+            raise ValueError("give exactly one of 'function' (a batch function) or 'factory' (with 'model': "
+                             "a function loading the model file and returning the batch function)")
+        if (self.factory is None) != (self.model is None):
+            raise ValueError("'factory' and 'model' go together: the factory is called with the model's path")
+        return self
 
 
 class PythonEngine(BatchEngine):
@@ -42,20 +71,50 @@ class PythonEngine(BatchEngine):
         self.context = context
         self._fn: Callable[[list[Any]], Any] | None = None
 
+    def model_source(self) -> ModelSource:
+        if self.options.model is not None:
+            return disk_source(self.options.model, self.context.pipeline_dir)
+        self._extend_path()
+        function = str(self.options.function)
+        return code_source(function, function.partition(":")[0])
+
     def start(self) -> None:
-        module_name, _, attr = self.options.function.partition(":")
+        o = self.options
+        self._extend_path()
+        if o.factory is None:
+            self._fn = self._import("function", str(o.function))
+            return
+        source = self.model_source()
+        if source.path is None:
+            raise EngineStartError(f"engine.model: {o.model!r} does not exist (relative paths start at the "
+                                   f"pipeline file's directory, {self.context.pipeline_dir})")
+        factory = self._import("factory", o.factory)
+        try:
+            fn = factory(source.path)
+        except Exception as err:  # the user's loader refusing the file: one line, the old model keeps serving
+            raise EngineStartError(f"engine.factory {o.factory} could not load {source.path}: "
+                                   f"{type(err).__name__}: {first_line(err)}") from None
+        if not callable(fn):
+            raise EngineStartError(f"engine.factory {o.factory} returned {type(fn).__name__}, not a function")
+        self._fn = fn
+
+    def _extend_path(self) -> None:
         # Let pipelines refer to modules next to the pipeline file, like a script would.
         for directory in (self.context.pipeline_dir, "."):
             if directory not in sys.path:
                 sys.path.append(str(Path(directory)))
+
+    @staticmethod
+    def _import(key: str, path: str) -> Callable[..., Any]:
+        module_name, _, attr = path.partition(":")
         try:
             module = importlib.import_module(module_name)
         except ImportError as err:
-            raise EngineStartError(f"engine.function: cannot import module '{module_name}': {err}") from None
+            raise EngineStartError(f"engine.{key}: cannot import module '{module_name}': {err}") from None
         fn = getattr(module, attr, None)
         if not callable(fn):
-            raise EngineStartError(f"engine.function: module '{module_name}' has no function '{attr}'")
-        self._fn = fn
+            raise EngineStartError(f"engine.{key}: module '{module_name}' has no function '{attr}'")
+        return fn  # type: ignore[no-any-return]
 
     def result_schema(self) -> dict[str, Any] | None:
         return self.options.result_schema
@@ -65,7 +124,8 @@ class PythonEngine(BatchEngine):
         results = self._fn(list(items))
         if not isinstance(results, (list, tuple)) or len(results) != len(items):
             got = f"{len(results)} results" if isinstance(results, (list, tuple)) else type(results).__name__
-            raise EngineError(f"{self.options.function} returned {got} for {len(items)} inputs; "
+            name = self.options.function or f"the function from {self.options.factory}"
+            raise EngineError(f"{name} returned {got} for {len(items)} inputs; "
                               "it must return a list with one result per input")
         return list(results)
 

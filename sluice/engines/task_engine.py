@@ -19,6 +19,8 @@ from typing import Any
 
 from sluice.engines.backends.base import Backend, LoadRequest
 from sluice.engines.base import BatchEngine, EngineContext, EngineStartError, first_line
+from sluice.engines.identity import ModelSource, code_source
+from sluice.engines.model_source import disk_source
 from sluice.engines.tasks import registry
 from sluice.engines.tasks.base import Task, TaskContext, TaskOptions, TaskType
 from sluice.engines.tasks.engine_options import EngineTaskOptions
@@ -54,6 +56,16 @@ class TaskEngine(BatchEngine):
 
     def close(self) -> None:
         self.backend.close()
+
+    def model_source(self) -> ModelSource:
+        reference = self.backend.model_reference()
+        if reference is not None:
+            return disk_source(reference, self.context.pipeline_dir)
+        factory = str(getattr(self.options, "factory", None) or self.engine_name)
+        return code_source(factory, factory.partition(":")[0])
+
+    def memory_device(self) -> str:
+        return self.backend.memory_device()
 
     def result_schema(self) -> dict[str, Any] | None:
         return self.task.result_schema() if self.task is not None else None

@@ -23,6 +23,8 @@ Guarantees:
   ``remove`` call.
 * Without length buckets, items leave in the order they were added (so order within a partition is kept).
   With ``bucket_by_length`` items of one bucket leave in order, but a short record may overtake a long one.
+* After :meth:`seal`, the items queued until then leave first, due at once, and never in a batch with an
+  item added later (a model switch: what the old engine prepared runs on the old engine, batch by batch).
 """
 
 from __future__ import annotations
@@ -108,9 +110,25 @@ class Batcher(Generic[T]):
         self._count = 0
         self._num_tokens = 0  # sum of the queued items' lengths
         self.last_padded_tokens = 0  # the last batch taken: its size x its longest length
+        self._sealed: Batcher[T] | None = None  # items queued before seal()
 
     def __len__(self) -> int:
-        return self._count
+        return self._count + self.num_sealed
+
+    @property
+    def num_sealed(self) -> int:
+        return self._sealed._count if self._sealed is not None else 0  # sealed items not taken yet
+
+    def seal(self) -> None:
+        """Items queued now leave before, and never with, any added later; due at once (nothing can join them).
+        One generation at a time: sealing while sealed items are left is a bug (RuntimeError)."""
+        if self.num_sealed:
+            raise RuntimeError("the batcher is still sealed: the previous generation has items left")
+        sealed: Batcher[T] = Batcher(self.policy)
+        sealed._buckets, sealed._count, sealed._num_tokens, sealed._seq = (
+            self._buckets, self._count, self._num_tokens, self._seq)
+        self._buckets, self._count, self._num_tokens = {}, 0, 0
+        self._sealed = sealed if sealed._count else None
 
     def add(self, item: T, now: float, length: int = 1) -> None:
         """Queue one item that arrived at ``now``; ``length`` is its size in tokens (>= 1)."""
@@ -139,8 +157,11 @@ class Batcher(Generic[T]):
         self._seq = seq
 
     def next_deadline(self) -> float | None:
-        """The earliest time at which a batch becomes due by time, or None when empty."""
+        """The earliest time at which a batch becomes due by time, or None when empty (sealed items are due
+        now, whatever their deadline; theirs are the earliest anyway: they came first)."""
         heads = [b.entries[0].deadline_s for b in self._buckets.values() if b.entries]
+        if self._sealed is not None and (sealed := self._sealed.next_deadline()) is not None:
+            heads.append(sealed)
         return min(heads) if heads else None
 
     def next_batch(self, now: float, max_size: int | None = None, horizon_s: float = 0.0,
@@ -153,6 +174,10 @@ class Batcher(Generic[T]):
         time like an expired one, because waiting for its own turn would find the engine busy and make it late.
         ``max_tokens`` lowers ``max_batch_tokens`` for this call (the adaptive policy's choice).
         """
+        if (sealed := self._sealed) is not None and sealed._count:  # what was sealed goes first, at once
+            batch = sealed.next_batch(float("inf"), max_size, 0.0, max_tokens)
+            self.last_padded_tokens = sealed.last_padded_tokens
+            return batch
         size = self.policy.max_batch_size if max_size is None else max(1, min(max_size, self.policy.max_batch_size))
         due = self._due_bucket(now, size)
         if due is None:
@@ -163,8 +188,9 @@ class Batcher(Generic[T]):
         return self._take(due[0], now, size, now + max(0.0, horizon_s), top_up=due[1], max_tokens=cap)
 
     def drain(self) -> list[list[T]]:
-        """Every queued item, cut into batches that respect the size and token caps (for shutdown)."""
-        batches = []
+        """Every queued item, cut into batches that respect the size and token caps (for shutdown); sealed
+        items first, in batches of their own."""
+        batches = self._sealed.drain() if self._sealed is not None else []
         while self._count:
             key = min(self._buckets, key=lambda k: self._buckets[k].entries[0].seq)
             batches.append(self._take(key, float("inf"), self.policy.max_batch_size, float("inf"), top_up=True,
@@ -173,7 +199,8 @@ class Batcher(Generic[T]):
 
     def remove(self, predicate: Callable[[T], bool]) -> list[T]:
         """Remove and return every queued item for which ``predicate`` holds (e.g. revoked partitions)."""
-        removed: list[T] = []
+        removed: list[T] = self._sealed.remove(predicate) if self._sealed is not None else []
+        num_sealed_removed = len(removed)
         for key in list(self._buckets):
             old = self._buckets.pop(key)
             kept: _Bucket[T] = _Bucket()
@@ -184,7 +211,7 @@ class Batcher(Generic[T]):
                     kept.append(e, self.policy.max_batch_tokens is not None)
             if kept.entries:
                 self._buckets[key] = kept
-        self._count -= len(removed)
+        self._count -= len(removed) - num_sealed_removed
         self._num_tokens = sum(e.length for b in self._buckets.values() for e in b.entries)
         return removed
 

@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import logging
 import socket
-import time
+from collections.abc import Callable
 from typing import Any
 
-from sluice.config import LoadedPipeline
+from sluice.config import REGISTRY_FORMATS, LoadedPipeline
 from sluice.engines import registry
 from sluice.engines.base import BatchEngine, ContinuousEngine, EngineContext, EngineStartError, first_line
 from sluice.operator.instance import InstanceSlot, NoFreeSlot, claim_slot, instance_name
 from sluice.operator.observer import Observer
+from sluice.operator.reload.reloader import Reloader
+from sluice.operator.reload.startup import Started, start_identified
 from sluice.operator.runner import Runner
+from sluice.operator.serving import Serving
 from sluice.operator.topics import TopicProblem, check_topics
 from sluice.schemas.codec import RecordCodec
 
@@ -25,6 +28,19 @@ class StartError(Exception):
 
 def build_engine(loaded: LoadedPipeline) -> BatchEngine | ContinuousEngine:
     """Create and start (load, warm up) the pipeline's engine. Raises StartError."""
+    return _build(loaded, lambda engine: engine.start())
+
+
+def start_engine(loaded: LoadedPipeline) -> tuple[BatchEngine | ContinuousEngine, Started]:
+    """:func:`build_engine`, hashing the model meanwhile: the engine, its identity and its footprint."""
+    found: list[Started] = []
+    p = loaded.pipeline
+    engine = _build(loaded, lambda e: found.append(start_identified(e, e.start, p.engine.type, p.engine.model_name)))
+    return engine, found[0]
+
+
+def _build(loaded: LoadedPipeline, start: Callable[[BatchEngine | ContinuousEngine], object]
+           ) -> BatchEngine | ContinuousEngine:
     p = loaded.pipeline
     try:
         engine_type = registry.lookup(p.engine.type)
@@ -35,7 +51,7 @@ def build_engine(loaded: LoadedPipeline) -> BatchEngine | ContinuousEngine:
                             pipeline_dir=str(loaded.base_dir))
     try:
         engine: BatchEngine | ContinuousEngine = engine_type.factory(loaded.engine_options, context)
-        engine.start()
+        start(engine)
     except EngineStartError as err:
         raise StartError(f"engine '{p.engine.type}': {err}") from None
     except Exception as err:  # an engine (or a user's module it imports) failing in a way it did not foresee
@@ -64,8 +80,8 @@ def build_runner(loaded: LoadedPipeline, *, observer: Observer | None = None,
         observer = _build_observer(loaded)
     try:
         check_topics(p)
-        started_s = time.monotonic()
-        engine = build_engine(loaded)
+        engine, started = start_engine(loaded)
+        reloader = build_reloader(loaded, engine, started, observer)
     except TopicProblem as err:
         observer.stopped()
         raise StartError(str(err)) from None
@@ -75,7 +91,7 @@ def build_runner(loaded: LoadedPipeline, *, observer: Observer | None = None,
     except BaseException:
         observer.stopped()
         raise
-    observer.engine_started(engine, time.monotonic() - started_s)
+    observer.engine_started(engine, started.warmup_s)
     try:
         codec = build_codec(loaded, engine)
     except StartError:
@@ -115,7 +131,31 @@ def build_runner(loaded: LoadedPipeline, *, observer: Observer | None = None,
         raise StartError(f"kafka client configuration: {err.args[0].str()}") from None
     on_close = (slot.release,) if slot is not None else ()
     return Runner(loaded, source, sink, engine, observer=observer, on_close=on_close, codec=codec,
-                  **limits), engine
+                  model=started.identity, warmup_s=started.warmup_s, reloader=reloader, **limits), engine
+
+
+def build_reloader(loaded: LoadedPipeline, engine: BatchEngine | ContinuousEngine, started: Started,
+                   observer: Observer) -> Reloader:
+    """What builds new versions of the engine's model (``engine.reload``, ``sluice reload``). Raises
+    StartError when ``engine.reload.watch`` asks for what the engine cannot do."""
+    p = loaded.pipeline
+    settings = p.engine.reload
+    if settings.watch and (started.source.path is None or not started.source.reloadable):
+        engine.close()
+        raise StartError(f"engine.reload.watch: engine {p.engine.type} runs {started.source.name}, built in code, "
+                         "not a model on disk: there is nothing to watch (give engine.model -- with engine.factory "
+                         "for the python engine -- or leave reload.watch off)")
+    schema = engine.result_schema()
+    fixed = p.output_format() in REGISTRY_FORMATS and p.sink.output.schema_file is None
+
+    def same_results(new: BatchEngine | ContinuousEngine) -> str | None:
+        if not fixed or new.result_schema() == schema:
+            return None
+        return ("the new model's results have another JSON Schema than the output schema registered at start; "
+                "restart the pipeline to register one for it")
+
+    return Reloader(started.source, Serving(engine, started.identity, started.warmup_s), started.footprint,
+                    lambda: build_engine(loaded), settings, observer, check=same_results, known=started.fingerprint)
 
 
 def build_codec(loaded: LoadedPipeline, engine: BatchEngine | ContinuousEngine) -> RecordCodec:

@@ -15,12 +15,13 @@ operator at ``dead_letter.max_consecutive_failures``.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from confluent_kafka import KafkaError
 
 from sluice.config import Pipeline
+from sluice.engines.identity import MODEL_HEADER
 from sluice.operator.bisection import Failed
 from sluice.operator.containment import ConsecutiveFailures, error_text
 from sluice.operator.dead_letter import dead_letter, source_headers
@@ -86,9 +87,10 @@ class Emitter:
             self.max_dead_letter_bytes = (self.max_output_bytes if self.dlq_topic == self.out_topic
                                           else self.sink.max_message_bytes(self.dlq_topic))
 
-    def settle(self, batch: list[Pending], outcomes: list[object]) -> None:
+    def settle(self, batch: list[Pending], outcomes: list[object], model: bytes | Sequence[bytes]) -> None:
         """Engine thread: encode each result and produce it (or its dead-letter record).
 
+        ``model``: the ``sluice.model`` header of the model that ran the batch (or one per record).
         Records enter the output side here, one by one: any exception while one becomes its output record
         dead-letters that record alone, at the stage it was in.
         """
@@ -97,11 +99,14 @@ class Emitter:
         outputs: list[Output] = []
         records: list[InputRecord] = []
         failed: list[Failure] = []
+        failed_models: list[bytes] = []
         order: list[bool] = []  # per record, in batch order: did it make it? (for the failures in a row)
-        for pending, outcome in zip(batch, outcomes, strict=True):
+        models = [model] * len(batch) if isinstance(model, bytes) else model
+        for pending, outcome, made_by in zip(batch, outcomes, models, strict=True):
             r = pending.record
             if isinstance(outcome, Failed):
                 failed.append((r, "infer", outcome.error))
+                failed_models.append(made_by)
                 order.append(False)
                 continue
             stage = "encode"
@@ -110,6 +115,7 @@ class Emitter:
                 key = r.key if self.keep_key else codec.output_key(pending.document, r.key)
                 stage = "headers"
                 headers = source_headers(r)
+                headers.append((MODEL_HEADER, made_by))
                 if injects_headers:
                     headers += self.observer.output_headers(r, None)
                 stage = "produce"
@@ -118,19 +124,21 @@ class Emitter:
                                           "(raise its max.message.bytes, or shrink the result)")
             except Exception as err:  # about this record alone (containment.py)
                 failed.append((r, err.stage if isinstance(err, CodecError) else stage, err))
+                failed_models.append(made_by)
                 order.append(False)
                 continue
             outputs.append((topic, value, key, headers))
             records.append(r)
             order.append(True)
-        self.emit(records, outputs, failed, order if failed else None)
+        self.emit(records, outputs, failed, order if failed else None, failed_models)
 
     def emit(self, records: list[InputRecord], outputs: list[Output], failed: list[Failure],
-             order: list[bool] | None = None) -> None:
+             order: list[bool] | None = None, model: bytes | Sequence[bytes] = b"") -> None:
         """Produce ``outputs`` (one per record in ``records``) and dead-letter records for ``failed``; the
         inputs are acked together once every one of them is delivered. Under exactly-once the ledger holds
         each output back until every earlier record of its partition has been produced
-        (sluice/operator/ledger.py).
+        (sluice/operator/ledger.py). ``model``: the ``sluice.model`` header of the dead letters (the model
+        that failed them, or was serving when they failed before reaching it), one for all or one each.
 
         ``order``: True (an output) or False (a failure) per record, in the order they were settled
         (default: the outputs, then the failures). When ``dead_letter.max_consecutive_failures`` records in
@@ -148,15 +156,19 @@ class Emitter:
         elif num_results:
             with self.state.cond:
                 self.failures.observe((True,))
-        for r, stage, err in failed:
+        models = [model] * len(failed) if isinstance(model, bytes) else model
+        for (r, stage, err), made_by in zip(failed, models, strict=False):  # failed may have been cut
             if self.dlq_topic is None:
                 self.state.stop(f"record {r.tp.topic}[{r.tp.partition}]@{r.offset} failed at {stage}: "
                                 f"{_one_line(err or 'unknown error')}; no dead_letter topic is configured, so the "
                                 "operator stops here without committing past it (configure dead_letter.topic to "
                                 "divert such records)")
                 continue  # never acked: the watermark stays before it
-            # room for the trace header the observer may add
-            out = dead_letter(r, self.dlq_topic, stage, err or "unknown error", self.max_dead_letter_bytes - 256)
+            # room for the trace header the observer may add, and for the model's
+            out = dead_letter(r, self.dlq_topic, stage, err or "unknown error",
+                              self.max_dead_letter_bytes - 256 - len(made_by))
+            if made_by:
+                out.headers.append((MODEL_HEADER, made_by))
             log.debug("dead-lettering %s[%d]@%d at %s: %s", r.tp.topic, r.tp.partition, r.offset, stage,
                       _one_line(err or "unknown error"))
             if self.observer.injects_headers:

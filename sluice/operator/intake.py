@@ -23,6 +23,7 @@ from sluice.engines.base import BatchEngine, ContinuousEngine, EngineError
 from sluice.operator.emitter import Emitter, Failure
 from sluice.operator.observer import Observer
 from sluice.operator.record import InputRecord, Pending, TopicPartition
+from sluice.operator.serving import Serving
 from sluice.operator.stalls import Decoded, StallingDecoder
 from sluice.operator.state import SharedState
 
@@ -30,9 +31,10 @@ from sluice.operator.state import SharedState
 class Intake:
     """Decode, prepare, queue. Intake thread only."""
 
-    def __init__(self, state: SharedState, decoder: StallingDecoder, engine: BatchEngine | ContinuousEngine,
-                 emitter: Emitter, observer: Observer) -> None:
-        self.state, self.decoder, self.engine, self.emitter, self.observer = state, decoder, engine, emitter, observer
+    def __init__(self, state: SharedState, decoder: StallingDecoder, serving: Serving, emitter: Emitter,
+                 observer: Observer) -> None:
+        self.state, self.decoder, self.emitter, self.observer = state, decoder, emitter, observer
+        self.serving = serving  # whose ``prepare`` runs: the newest engine, from its hand-over on
         policy = state.batcher.policy
         self._measure = policy.bucket_by_length or policy.max_batch_tokens is not None  # need item lengths?
 
@@ -47,6 +49,16 @@ class Intake:
         decoded, decode_rejected = self.decoder.decode(records, now)
         rejected.extend(decode_rejected)
         self._admit(decoded, rejected, now)
+
+    def hand_over(self, serving: Serving) -> None:
+        """A reloaded model is ready. Records go on being prepared by the serving engine until the engine
+        thread has sealed what it prepared (``state.Switch``); :meth:`follow_switch` then moves on."""
+        self.state.offer_model(serving)
+
+    def follow_switch(self) -> None:
+        """Every pass: prepare with the new engine once the old one's records are sealed."""
+        if (follow := self.state.follow_switch()) is not None:
+            self.serving = follow
 
     def retry_stalled(self, now: float) -> bool:
         """Partitions waiting for the schema registry: retry those due; stop past the outage limit. True when
@@ -81,13 +93,15 @@ class Intake:
     def _admit(self, decoded: list[Decoded], rejected: list[Failure], now: float) -> None:
         """Decoded records to the batcher (after ``prepare``), rejected ones to the dead-letter topic."""
         s = self.state
-        accepted = self._prepare(decoded, rejected)
-        with s.cond:
-            s.batcher.add_many(accepted, now)
-            if s.adaptive is not None:
-                s.adaptive.arrivals.observe(len(accepted), now)
-            s.cond.notify_all()
-        self.emitter.emit([], [], rejected)
+        refused: list[Failure] = []
+        accepted = self._prepare(decoded, refused)
+        if (follow := s.queue(accepted, now)) is not None:  # the old engine's records were sealed meanwhile:
+            self.serving = follow  # these are the new engine's, prepared again by it
+            refused = []
+            accepted = self._prepare(decoded, refused)
+            s.queue(accepted, now)
+        rejected += refused
+        self.emitter.emit([], [], rejected, model=self.serving.header)
 
     def _observe_polled(self, records: list[InputRecord], now: float, rejected: list[Failure]) -> list[InputRecord]:
         """The observer's ``polled`` (trace context from each record's headers) for the whole poll; record by
@@ -110,7 +124,7 @@ class Intake:
     def _prepare(self, decoded: list[Decoded], rejected: list[Failure]) -> list[tuple[Pending, int]]:
         """Engine ``prepare`` (and ``item_length``) for all records at once; one by one only when that fails,
         so that only the records it fails on alone are dead-lettered, with the engine's own exception."""
-        engine = self.engine
+        engine = self.serving.engine
         try:
             items = engine.prepare([v for _, _, v in decoded])
             if len(items) != len(decoded):

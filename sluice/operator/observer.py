@@ -13,7 +13,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from sluice.engines.identity import ModelIdentity
 from sluice.operator.record import InputRecord, Pending, TopicPartition
+from sluice.operator.reload.outcome import ReloadOutcome
 
 
 class Observer:
@@ -23,6 +25,13 @@ class Observer:
 
     def engine_started(self, engine: Any, warmup_s: float) -> None:
         """Intake thread, once, before the runner is built: ``engine.start()`` (load, warm-up) took ``warmup_s``."""
+
+    def model_serving(self, engine: Any, identity: ModelIdentity, warmup_s: float) -> None:
+        """The model that runs the batches from now on: intake thread at the start of the run, engine thread
+        at a reload's switch (between two batches: the batch hooks that follow are the new model's)."""
+
+    def model_reloaded(self, outcome: ReloadOutcome) -> None:
+        """Reloader thread: a reload attempt ended (ready to switch, unchanged, or failed and why)."""
 
     def started(self) -> None:
         """Intake thread, once, before the first poll (the engine is started and warmed up by then)."""

@@ -10,6 +10,9 @@ one file per hop (docs/architecture.md walks it):
 5. the delivery report acks the record in the ledger (sluice/operator/ledger.py);
 6. the delivery strategy (sluice/operator/delivery/) stores or commits the ledger's watermark.
 
+A reload (sluice/operator/reload/) builds a new engine beside the serving one; the loop hands it to the
+intake when it is ready, and the engine thread switches to it between two batches.
+
 Threads: the caller's thread is the *intake thread* (the loop below: poll, intake, delivery reports, the
 delivery strategy, rebalance callbacks); the engine thread runs beside it. What they share lives in
 :class:`~sluice.operator.state.SharedState`; the first reason to stop is its ``stop_reason``.
@@ -22,9 +25,12 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from sluice.config import LoadedPipeline
 from sluice.engines.base import BatchEngine, ContinuousEngine
+from sluice.engines.identity import ModelIdentity
+from sluice.engines.model_source import identify
 from sluice.operator.adaptive import AdaptivePolicy
 from sluice.operator.backpressure import Backpressure
 from sluice.operator.batcher import Batcher, BatchPolicy
@@ -35,7 +41,9 @@ from sluice.operator.intake import Intake
 from sluice.operator.ledger import InFlightLedger
 from sluice.operator.observer import Observer
 from sluice.operator.ports import Sink, Source, SourceFailed
-from sluice.operator.record import Pending, TopicPartition, names
+from sluice.operator.record import TopicPartition, names
+from sluice.operator.reload.reloader import Reloader
+from sluice.operator.serving import Engine, Serving
 from sluice.operator.stalls import StallingDecoder, Stalls
 from sluice.operator.state import RunSummary, SharedState
 from sluice.operator.worker import EngineThread, EngineWorker
@@ -56,13 +64,18 @@ class Runner:
     def __init__(self, loaded: LoadedPipeline, source: Source, sink: Sink, engine: BatchEngine | ContinuousEngine, *,
                  max_records: int | None = None, idle_exit_s: float | None = None,
                  clock: Callable[[], float] = time.monotonic, observer: Observer | None = None,
-                 on_close: Sequence[Callable[[], None]] = (), codec: RecordCodec | None = None) -> None:
+                 on_close: Sequence[Callable[[], None]] = (), codec: RecordCodec | None = None,
+                 model: ModelIdentity | None = None, warmup_s: float = 0.0, reloader: Reloader | None = None) -> None:
         """``on_close``: called once the run has ended and the source is closed (releases what the builder
         claimed for this run, such as an instance slot). ``codec``: the builder's (with its schema registry
-        format); by default one for JSON / raw records."""
+        format); by default one for JSON / raw records. ``model``: the engine's model identity (by default
+        hashed here). ``reloader``: builds new versions of the model (without one, a run keeps its engine).
+
+        The caller closes :attr:`engine` after the run, the engine serving at its end: after a reload that
+        is not the one given here (which the reloader closed once it was replaced)."""
         p = loaded.pipeline
         self.pipeline = p
-        self.source, self.sink, self.engine = source, sink, engine
+        self.source, self.sink = source, sink
         self.max_records, self.idle_exit_s, self.clock = max_records, idle_exit_s, clock
         self.observer = observer or Observer()
         codec = codec or RecordCodec(p.codec, p.sink.output)
@@ -77,16 +90,21 @@ class Runner:
         stalls = Stalls(max_stall_s=registry.max_outage_s) if registry is not None else Stalls()
         decoder = StallingDecoder(codec, stalls, source.pause, source.resume, self.observer)
         self.emitter = Emitter(p, sink, codec, self.state, self.observer, clock)
-        self.intake = Intake(self.state, decoder, engine, self.emitter, self.observer)
-        self.worker: EngineThread[list[Pending]] = (
-            ContinuousWorker(self.state, engine, self.emitter, clock, self.observer,
+        model = model or identify(engine.model_source(), p.engine.type, p.engine.model_name)
+        self.serving = Serving(engine, model, warmup_s)
+        self.reloader = reloader
+        retire = reloader.retire if reloader is not None else _close
+        self.intake = Intake(self.state, decoder, self.serving, self.emitter, self.observer)
+        self.worker: EngineThread[Any] = (
+            ContinuousWorker(self.state, self.serving, self.emitter, clock, self.observer, retire,
                              preserve_order=p.sink.output.preserve_order)
             if isinstance(engine, ContinuousEngine) else
-            EngineWorker(self.state, engine, self.emitter, clock, self.observer))
+            EngineWorker(self.state, self.serving, self.emitter, clock, self.observer, retire))
         self.backpressure = Backpressure(p.runtime.max_in_flight, _POLL_BATCH, self.state, source,
                                          self.intake.is_stalled)
         self.delivery = delivery_type(p, self.state, source, sink, clock)
         self._stop = threading.Event()
+        self._reload_asked = False
         self._on_close = tuple(on_close)
         # when partitions were last (re)assigned or rewound: records may come again, so idle time starts over
         self._restarted_s = float("-inf")
@@ -97,13 +115,25 @@ class Runner:
         """Ask for a graceful stop (safe from signal handlers and other threads)."""
         self._stop.set()
 
+    def reload(self) -> None:
+        """Ask for a model reload now (safe from signal handlers: a flag the poll loop reads)."""
+        self._reload_asked = True
+
+    @property
+    def engine(self) -> Engine:
+        """The engine serving now (at the end of a run: the one for the caller to close)."""
+        return self.worker.serving.engine
+
     def run(self) -> RunSummary:
         """Consume until stopped, then drain, flush, commit. The engine must already be started."""
         started = self.clock()
         state = self.state
         self.emitter.read_topic_limits()
         gc_thresholds = _relax_gc()
+        self.observer.model_serving(self.serving.engine, self.serving.identity, self.serving.warmup_s)
         self.worker.start()
+        if self.reloader is not None:
+            self.reloader.start()
         self.observer.started()
         last_record = last_tick = started
         try:
@@ -125,6 +155,8 @@ class Runner:
                 elif not self.source.assignment:
                     last_record = now  # idle time counts only while partitions are assigned
                 self.sink.poll(0)
+                if self.reloader is not None:
+                    self._reload_pass()
                 if self.delivery.tick(now) is Outcome.REWOUND:
                     self._start_over()
                 if now - last_tick >= _TICK_S:
@@ -180,6 +212,16 @@ class Runner:
         self._restarted_s = self.clock()
         self.intake.start_over()
 
+    def _reload_pass(self) -> None:
+        assert self.reloader is not None
+        if self._reload_asked:
+            self._reload_asked = False
+            self.reloader.request()
+        ready = self.reloader.take_ready()
+        if ready is not None:  # the engine thread seals the old engine's records at its next batch...
+            self.intake.hand_over(ready)
+        self.intake.follow_switch()  # ...and from then on, records are prepared by the new engine
+
     # --------------------------------------------------------------------------------------- shutdown
 
     def _finished(self, now: float, last_record: float) -> bool:
@@ -202,8 +244,14 @@ class Runner:
             log.warning("drain timeout: waiting for the engine to finish its current batch")
             while self.worker.is_alive():
                 self.sink.poll(0.05)
+        if self.reloader is not None:  # closes every engine it built that does not serve at the end
+            self.reloader.stop(deadline - self.clock())
         self.delivery.shutdown(deadline)
         self.source.close()
+
+
+def _close(engine: Engine) -> None:
+    engine.close()
 
 
 def _relax_gc() -> tuple[int, int, int]:

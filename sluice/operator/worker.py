@@ -5,6 +5,11 @@ is asked for a batch only when this thread is free, so while the engine works, t
 :class:`EngineThread` is what both kinds of engine thread share (the loop, ``busy``, a crash stopping the
 operator); :class:`EngineWorker` runs a batch engine, :class:`~sluice.operator.continuous.ContinuousWorker`
 a continuous one (the LLM). Results go to :meth:`Emitter.settle <sluice.operator.emitter.Emitter.settle>`.
+
+A reload switches engines here, between two batches (``state.Switch``): offered a new engine, this thread
+takes what the old one prepared as its next batch and seals the rest; once every sealed record has run on
+the old engine and the intake prepares with the new one, the next batch runs on the new engine, and the
+old one goes to ``retire`` (closed off this thread). Each batch's outputs name the engine that ran it.
 """
 
 from __future__ import annotations
@@ -21,7 +26,8 @@ from sluice.operator.emitter import Emitter
 from sluice.operator.observer import Observer
 from sluice.operator.oom_governor import BatchSizeGovernor
 from sluice.operator.record import Pending, TopicPartition
-from sluice.operator.state import SharedState
+from sluice.operator.serving import Engine, Serving
+from sluice.operator.state import SharedState, Switch
 
 log = logging.getLogger(__name__)
 
@@ -34,10 +40,19 @@ class EngineThread(threading.Thread, ABC, Generic[W]):
     """The loop both engine threads run: take work under the lock (``busy`` set), do it outside the lock,
     clear ``busy``. Anything escaping the work is a bug, not a bad record: it stops the operator."""
 
-    def __init__(self, state: SharedState, emitter: Emitter, clock: Callable[[], float],
-                 observer: Observer) -> None:
+    def __init__(self, state: SharedState, serving: Serving, emitter: Emitter, clock: Callable[[], float],
+                 observer: Observer, retire: Callable[[Engine], None]) -> None:
         super().__init__(name="sluice-engine", daemon=True)
         self.state, self.emitter, self.clock, self.observer = state, emitter, clock, observer
+        self.serving = serving  # the engine new work goes to (the newest, once switched)
+        self.retire = retire  # an engine switched away from and done with: to be closed (not on this thread)
+
+    def _switched(self, serving: Serving) -> None:
+        """Under the lock, between two steps: ``serving`` takes new work from now on."""
+        log.info("model switch: %s serves from the next batch on (was %s)", serving.identity.label,
+                 self.serving.identity.label)
+        self.serving = serving
+        self.observer.model_serving(serving.engine, serving.identity, serving.warmup_s)
 
     def run(self) -> None:
         s = self.state
@@ -55,6 +70,9 @@ class EngineThread(threading.Thread, ABC, Generic[W]):
             s.stop_engine()
         finally:
             self._exit()
+            unused = s.take_unused_model()  # offered and never switched to (stopped first): not needed
+            if unused is not None:
+                self.retire(unused.engine)
 
     def _next(self) -> W | None:
         """Wait for work (None: exit), abandoning requests of partitions that left first. Sets ``busy``."""
@@ -96,10 +114,10 @@ class EngineThread(threading.Thread, ABC, Generic[W]):
 class EngineWorker(EngineThread[list[Pending]]):
     """Owns every call to a batch engine's ``infer``."""
 
-    def __init__(self, state: SharedState, engine: BatchEngine, emitter: Emitter, clock: Callable[[], float],
-                 observer: Observer) -> None:
-        super().__init__(state, emitter, clock, observer)
-        self.engine = engine
+    def __init__(self, state: SharedState, serving: Serving, emitter: Emitter, clock: Callable[[], float],
+                 observer: Observer, retire: Callable[[Engine], None]) -> None:
+        super().__init__(state, serving, emitter, clock, observer, retire)
+        self.engine: BatchEngine = _batch_engine(serving)
         self.governor = BatchSizeGovernor(state.batcher.policy.max_batch_size)
         # Recent batches' engine time, smoothed: records coming due within it join the next batch due by time.
         self.service_estimate_s = 0.0
@@ -107,6 +125,13 @@ class EngineWorker(EngineThread[list[Pending]]):
 
     def _take(self, now: float) -> list[Pending] | None:
         s = self.state
+        if s.switch is Switch.OFFERED:  # what the old engine prepared goes now, as its last batch...
+            batch = s.batcher.next_batch(float("inf"), self.governor.limit)
+            s.seal_for_switch()  # ...but for what it prepares until the intake follows: sealed, for it too
+            if batch:
+                return self._count(batch)
+        elif s.switch is Switch.ACKED and (serving := s.take_next_model()) is not None:
+            self._switch(serving)
         self._wake_at = wake_at = s.batcher.next_deadline()
         limit = self.governor.limit
         max_tokens = None
@@ -120,14 +145,24 @@ class EngineWorker(EngineThread[list[Pending]]):
             else:
                 self._wake_at = min(wake_at, decision.wake_at_s)
         batch = s.batcher.next_batch(due_at, limit, self.service_estimate_s, max_tokens)
-        if not batch:
-            return None
-        s.summary.num_batches += 1
-        s.summary.num_batched_records += len(batch)
+        return self._count(batch) if batch else None
+
+    def _count(self, batch: list[Pending]) -> list[Pending]:
+        self.state.summary.num_batches += 1
+        self.state.summary.num_batched_records += len(batch)
         return batch
 
     def _wait_s(self, now: float) -> float | None:
         return None if self._wake_at is None else max(0.0, self._wake_at - now)
+
+    def _switch(self, serving: Serving) -> None:
+        """Every record the old engine prepared has run on it: the next batch is the new engine's."""
+        old = self.engine
+        self._switched(serving)
+        self.engine = _batch_engine(serving)
+        # what the old model taught: its out-of-memory limit is not the new one's
+        self.governor = BatchSizeGovernor(self.state.batcher.policy.max_batch_size)
+        self.retire(old)
 
     def _process(self, batch: list[Pending]) -> None:
         """Records enter inference here. Per-record containment (containment.py): a failing batch is
@@ -144,4 +179,9 @@ class EngineWorker(EngineThread[list[Pending]]):
             with self.state.cond:
                 self.state.adaptive.service.observe(len(batch), infer_s, padded_tokens)
         self.observer.batch_finished(handle, batch, infer_s, num_failed)
-        self.emitter.settle(batch, outcomes)
+        self.emitter.settle(batch, outcomes, self.serving.header)
+
+
+def _batch_engine(serving: Serving) -> BatchEngine:
+    assert isinstance(serving.engine, BatchEngine)  # a reload builds the same engine type
+    return serving.engine

@@ -8,6 +8,12 @@ LLM engines: an engine whose ``stats`` attribute (or property) returns an object
 ``num_prompt_tokens``, ``num_output_tokens``, ``spec_acceptance_rate`` and the structured-output fields of
 ``_LLM_FIELDS`` gets those exported too (fields it lacks are skipped).
 Token rates are counters (use ``rate()``); the status tick also keeps a tokens/s gauge.
+
+Engine metrics (batches, batch sizes, inference time, warm-up, the LLM's) carry a ``model`` label: the
+``sluice.model`` header's text (sluice/engines/identity.py), so a dashboard tells the models of a reload
+apart. ``sluice_model_info`` names the serving model (with its full digest); ``sluice_model_reloads``,
+``sluice_model_reload_failures`` and ``sluice_model_reload_last_failure_timestamp_seconds`` (the latest
+failure, its stage and reason as labels) tell how reloads went.
 """
 
 from __future__ import annotations
@@ -22,9 +28,12 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from sluice.telemetry.histogram import HistogramSnapshot
+from sluice.telemetry.model_stats import ModelsSnapshot
 from sluice.telemetry.stats import OperatorStats
 
 log = logging.getLogger(__name__)
+
+_MAX_REASON_CHARS = 200  # of a failed reload's reason, as a label
 
 # LLM engine stats fields -> (metric name, kind, help)
 _LLM_FIELDS: tuple[tuple[str, str, str, str], ...] = (
@@ -84,12 +93,9 @@ class OperatorCollector(Collector):
         for stage, n in sorted(s.num_dead_lettered.items()):
             dead.add_metric([self.pipeline, stage], n)
         yield dead
-        yield _counter("sluice_batches", "Batches run through the engine", labels, values, s.num_batches)
-        yield _histogram("sluice_batch_size_records", "Records per engine batch", s.batch_size, self.pipeline)
+        yield from self._engine(s.models)
         yield _histogram("sluice_queue_delay_seconds", "Time a record waits between poll and its batch's start",
                          s.queue_delay_s, self.pipeline)
-        yield _histogram("sluice_inference_seconds", "Engine call per batch (bisection of failures included)",
-                         s.infer_s, self.pipeline)
         yield _histogram("sluice_end_to_end_latency_seconds",
                          "From poll to every output of the record acknowledged by the broker",
                          s.latency_s, self.pipeline)
@@ -108,11 +114,51 @@ class OperatorCollector(Collector):
                        values, s.num_stalls)
         yield _counter("sluice_registry_stall_retries", "Retries of stalled records that found the schema registry "
                        "still unavailable", labels, values, s.num_stall_retries)
-        if s.warmup_s is not None:
-            yield _gauge("sluice_engine_warmup_seconds", "Engine start: model load and warm-up", labels, values,
-                         s.warmup_s)
+        yield from self._reloads(s.models)
         yield from self._adaptive(labels, values)
-        yield from self._llm()
+        yield from self._llm(s.models)
+
+    def _engine(self, m: ModelsSnapshot | None) -> Iterator[Metric]:
+        """The engine's numbers, per model (every model served in this run)."""
+        labels = ["pipeline", "model"]
+        batches = CounterMetricFamily("sluice_batches", "Batches run through the engine", labels=labels)
+        sizes = HistogramMetricFamily("sluice_batch_size_records", "Records per engine batch", labels=labels)
+        infer = HistogramMetricFamily("sluice_inference_seconds",
+                                      "Engine call per batch (bisection of failures included)", labels=labels)
+        warmup = GaugeMetricFamily("sluice_engine_warmup_seconds", "Engine start: model load and warm-up",
+                                   labels=labels)
+        for label, n in sorted(m.models.items()) if m is not None else ():
+            batches.add_metric([self.pipeline, label], n.num_batches)
+            _add_histogram(sizes, [self.pipeline, label], n.batch_size)
+            _add_histogram(infer, [self.pipeline, label], n.infer_s)
+            warmup.add_metric([self.pipeline, label], n.warmup_s)
+        yield from (batches, sizes, infer, warmup)
+
+    def _reloads(self, m: ModelsSnapshot | None) -> Iterator[Metric]:
+        if m is None or m.serving is None:
+            return
+        info = GaugeMetricFamily("sluice_model_info", "The model serving now (its label, name, full content "
+                                 "digest and engine type)", labels=["pipeline", "model", "name", "digest", "engine"])
+        info.add_metric([self.pipeline, m.serving.label, m.serving.name, m.serving.digest, m.serving.engine], 1)
+        yield info
+        reloads = CounterMetricFamily("sluice_model_reloads", "Model reload attempts by result: ready (switched "
+                                      "to), unchanged (the model on disk is the serving one), failed",
+                                      labels=["pipeline", "result"])
+        for result in ("ready", "unchanged", "failed"):
+            reloads.add_metric([self.pipeline, result], m.reloads.get(result, 0))
+        yield reloads
+        failures = CounterMetricFamily("sluice_model_reload_failures", "Failed reloads by stage (memory, read, "
+                                       "start, schema, changed); the old model kept serving",
+                                       labels=["pipeline", "stage"])
+        for stage, n in sorted(m.failures.items()):
+            failures.add_metric([self.pipeline, stage], n)
+        yield failures
+        if m.last_failure is not None:
+            f = m.last_failure
+            last = GaugeMetricFamily("sluice_model_reload_last_failure_timestamp_seconds", "When the latest "
+                                     "reload failed, and why", labels=["pipeline", "model", "stage", "reason"])
+            last.add_metric([self.pipeline, f.model, f.stage, f.reason[:_MAX_REASON_CHARS]], f.at_unix_s)
+            yield last
 
     def _adaptive(self, labels: list[str], values: list[str]) -> Iterator[Metric]:
         decision = self.batching() if self.batching is not None else None
@@ -125,9 +171,10 @@ class OperatorCollector(Collector):
         yield _gauge("sluice_adaptive_arrival_rate_per_second", "Arrival rate it estimated, records/s",
                      labels, values, decision.rate_per_s)
 
-    def _llm(self) -> Iterator[Metric]:
+    def _llm(self, m: ModelsSnapshot | None) -> Iterator[Metric]:
         if self.engine_stats is None:
             return
+        labels, values = ["pipeline", "model"], [self.pipeline, m.serving.label if m and m.serving else ""]
         try:
             stats = self.engine_stats()
         except Exception as err:  # a scrape must never take the operator down
@@ -138,13 +185,13 @@ class OperatorCollector(Collector):
             if value is None:
                 continue
             make = _counter if kind == "counter" else _gauge
-            yield make(name, doc, ["pipeline"], [self.pipeline], float(value))
+            yield make(name, doc, labels, values, float(value))
         rates = self.token_rates() if self.token_rates else None
         if rates is not None:
             yield _gauge("sluice_llm_prompt_tokens_per_second", "Prompt tokens/s over the last status tick",
-                         ["pipeline"], [self.pipeline], rates[0])
+                         labels, values, rates[0])
             yield _gauge("sluice_llm_output_tokens_per_second", "Output tokens/s over the last status tick",
-                         ["pipeline"], [self.pipeline], rates[1])
+                         labels, values, rates[1])
 
 
 def new_registry(collector: OperatorCollector) -> CollectorRegistry:
@@ -168,6 +215,9 @@ def _gauge(name: str, doc: str, labels: list[str], values: list[str], value: flo
 
 def _histogram(name: str, doc: str, h: HistogramSnapshot, pipeline: str) -> Metric:
     family = HistogramMetricFamily(name, doc, labels=["pipeline"])
-    total = h.total if math.isfinite(h.total) else 0.0
-    family.add_metric([pipeline], h.cumulative(), sum_value=total)
+    _add_histogram(family, [pipeline], h)
     return family
+
+
+def _add_histogram(family: HistogramMetricFamily, values: list[str], h: HistogramSnapshot) -> None:
+    family.add_metric(values, h.cumulative(), sum_value=h.total if math.isfinite(h.total) else 0.0)

@@ -15,8 +15,10 @@ from typing import TYPE_CHECKING, Any, TextIO
 import numpy as np
 
 from sluice.config import Pipeline
+from sluice.engines.identity import ModelIdentity
 from sluice.operator.observer import Observer
 from sluice.operator.record import InputRecord, Pending, TopicPartition
+from sluice.operator.reload.outcome import ReloadOutcome
 from sluice.telemetry.stats import OperatorStats
 from sluice.telemetry.status import StatusReporter
 from sluice.telemetry.traceparent import TRACEPARENT
@@ -75,6 +77,13 @@ class TelemetryObserver(Observer):
     def engine_started(self, engine: Any, warmup_s: float) -> None:
         self._engine = engine
         self.stats.warmup_s = warmup_s
+
+    def model_serving(self, engine: Any, identity: ModelIdentity, warmup_s: float) -> None:
+        self._engine = engine  # the LLM numbers are the serving engine's
+        self.stats.models.record_serving(identity, warmup_s)
+
+    def model_reloaded(self, outcome: ReloadOutcome) -> None:
+        self.stats.models.record_reload(outcome)
 
     def readiness(self) -> str | None:
         """None when ready (engine warmed up, a partition assigned), else why not."""
@@ -169,7 +178,8 @@ class TelemetryObserver(Observer):
         prompt, output = getattr(stats, "num_prompt_tokens", None), getattr(stats, "num_output_tokens", None)
         if prompt is None or output is None:
             return
-        if self._tokens is not None and now_s > self._tokens[0]:
+        # (after a reload the counters are the new engine's, and start again from zero)
+        if self._tokens is not None and now_s > self._tokens[0] and prompt >= self._tokens[1]:
             dt = now_s - self._tokens[0]
             self.token_rates = ((prompt - self._tokens[1]) / dt, (output - self._tokens[2]) / dt)
         self._tokens = (now_s, float(prompt), float(output))

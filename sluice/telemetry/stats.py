@@ -15,6 +15,7 @@ import numpy as np
 
 from sluice.operator.record import TopicPartition
 from sluice.telemetry.histogram import SECONDS_BUCKETS, SIZE_BUCKETS, BatchHistogram, HistogramSnapshot
+from sluice.telemetry.model_stats import ModelsSnapshot, ModelStats
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,7 @@ class StatsSnapshot:
     num_stalled: int = 0  # partitions paused now because their next record waits for the schema registry
     num_stalls: int = 0  # stalls begun since start
     num_stall_retries: int = 0  # retries of stalled partitions' records that failed again
+    models: ModelsSnapshot | None = None  # the engine's numbers per model, and the reloads
 
     @property
     def total_dead_lettered(self) -> int:
@@ -60,6 +62,7 @@ class OperatorStats:
         self._stalled: set[TopicPartition] = set()
         self._num_stalls = self._num_stall_retries = 0
         self.warmup_s: float | None = None
+        self.models = ModelStats()  # the engine's numbers by model (the metrics' model label), reloads
 
     def record_polled(self, num_records: int) -> None:
         with self._lock:
@@ -73,11 +76,13 @@ class OperatorStats:
         """A batch left for the engine; ``queue_delays_s`` (num_records,) is each record's wait."""
         self.batch_size.observe(len(queue_delays_s))
         self.queue_delay_s.observe_many(queue_delays_s)
+        self.models.record_batch(len(queue_delays_s))
         with self._lock:
             self._num_batches += 1
 
     def record_infer(self, infer_s: float) -> None:
         self.infer_s.observe(infer_s)
+        self.models.record_infer(infer_s)
 
     def record_delivered(self, num_outputs: int, latencies_s: np.ndarray) -> None:
         """Outputs acknowledged; ``latencies_s`` (num_records,) is poll-to-ack per input record."""
@@ -124,4 +129,5 @@ class OperatorStats:
                              batch_size=self.batch_size.snapshot(), queue_delay_s=self.queue_delay_s.snapshot(),
                              infer_s=self.infer_s.snapshot(), latency_s=self.latency_s.snapshot(),
                              num_in_flight=in_flight, lag=lag, warmup_s=self.warmup_s, num_assigned=num_assigned,
-                             num_stalled=stalls[0], num_stalls=stalls[1], num_stall_retries=stalls[2])
+                             num_stalled=stalls[0], num_stalls=stalls[1], num_stall_retries=stalls[2],
+                             models=self.models.snapshot())

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import itertools
+import json
 import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
 
 
 def tag(texts: list[str]) -> list[str]:
@@ -23,3 +28,20 @@ def fail_on_poison(texts: list[str]) -> list[str]:
 def inflate(texts: list[str]) -> list[str]:
     """Blows up the result of records that ask for it: more than a small output topic accepts."""
     return ["x" * 50_000 if "big" in t else t.upper() for t in texts]
+
+
+def load_tagger(model: Path) -> Callable[[list[str]], list[dict[str, str]]]:
+    """A "model" kept in a JSON file, ``{"tag": "v2"}``, for the ``python`` engine's ``factory``: it tags each
+    text with its version and the batch it ran in. A file without a tag is a broken model: it fails to load."""
+    spec = json.loads(model.read_text())
+    if "tag" not in spec:
+        raise ValueError(f"{model.name} holds no tag")
+    tag, pause_s = str(spec["tag"]), float(spec.get("pause_s", 0.0))
+    engine_id, batches = uuid.uuid4().hex[:8], itertools.count()
+
+    def tag_batch(texts: list[str]) -> list[dict[str, str]]:
+        batch = f"{engine_id}-{next(batches)}"
+        time.sleep(pause_s)  # a model that takes its time: the switch lands mid-stream, under load
+        return [{"tag": tag, "batch": batch, "text": t.upper()} for t in texts]
+
+    return tag_batch

@@ -164,8 +164,11 @@ def test_metrics_count_every_record_and_readiness_waits_for_warm_up_and_partitio
         assert c["sluice_records_dead_lettered_total,stage=decode"] == num_bad
         assert c["sluice_queue_delay_seconds_count"] == n - num_bad  # every decoded record went through a batch
         assert c["sluice_end_to_end_latency_seconds_count"] == n
-        assert c["sluice_batch_size_records_sum"] == n - num_bad
-        assert c["sluice_engine_warmup_seconds"] >= 0
+        model = f",model={runner.serving.identity.label}"  # engine metrics carry the model's label
+        assert c["sluice_batch_size_records_sum" + model] == n - num_bad
+        assert c["sluice_engine_warmup_seconds" + model] >= 0
+        assert c[f"sluice_model_info,digest={runner.serving.identity.digest},engine=python{model},"
+                 "name=tests.integration.funcs:tag"] == 1
         assert c["sluice_assigned_partitions"] == 2
     finally:
         runner.stop()

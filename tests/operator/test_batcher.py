@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -130,7 +131,60 @@ def test_remove_takes_out_only_matching_items() -> None:
     assert b.drain() == [[1, 3, 5]]
 
 
+def test_sealed_items_leave_first_at_once_and_alone() -> None:
+    b: Batcher[int] = Batcher(BatchPolicy(max_batch_size=4, max_queue_delay_s=10.0))
+    for i in range(6):
+        b.add(i, now=0.0)
+    b.seal()  # a model switch: 0..5 were prepared by the old engine
+    b.add(6, now=0.0)
+    assert len(b) == 7 and b.num_sealed == 6
+    assert b.next_batch(now=0.0) == [0, 1, 2, 3]  # due at once: nothing can join them any more
+    assert b.next_batch(now=0.0) == [4, 5]  # not topped up with 6, which came after the seal
+    assert b.num_sealed == 0 and b.next_batch(now=0.0) is None  # 6 waits for its own window
+    assert b.next_batch(now=10.0) == [6]
+    b.seal()  # sealing an empty queue seals nothing
+    assert b.num_sealed == 0
+
+
+def test_sealing_twice_before_the_first_generation_has_left_is_refused() -> None:
+    b: Batcher[int] = Batcher(BatchPolicy(max_batch_size=4, max_queue_delay_s=1.0))
+    b.add(1, now=0.0)
+    b.seal()
+    with pytest.raises(RuntimeError, match="still sealed"):
+        b.seal()
+
+
 # ------------------------------------------------------------------------------------ properties
+
+
+@settings(max_examples=200, deadline=None)
+@given(before=st.lists(st.tuples(st.integers(0, 3), st.integers(1, 200)), max_size=60),
+       after=st.lists(st.tuples(st.integers(0, 3), st.integers(1, 200)), max_size=60),
+       max_batch_size=st.integers(min_value=1, max_value=16), bucketed=st.booleans(),
+       max_batch_tokens=st.one_of(st.none(), st.integers(min_value=1, max_value=800)),
+       removed=st.sets(st.integers(0, 3), max_size=2), drained=st.booleans())
+def test_properties_of_a_seal(before: list[tuple[int, int]], after: list[tuple[int, int]], max_batch_size: int,
+                              bucketed: bool, max_batch_tokens: int | None, removed: set[int],
+                              drained: bool) -> None:
+    """Items added before a seal and after it never share a batch, the sealed ones all leave first, the caps
+    hold, and nothing is lost or duplicated -- with partitions revoked (``remove``) in between."""
+    policy = BatchPolicy(max_batch_size=max_batch_size, max_queue_delay_s=0.01, bucket_by_length=bucketed,
+                         max_batch_tokens=max_batch_tokens)
+    b: Batcher[tuple[int, int, bool]] = Batcher(policy)  # (id, partition, added before the seal)
+    for i, (partition, length) in enumerate(before):
+        b.add((i, partition, True), now=0.0, length=length)
+    b.seal()
+    for i, (partition, length) in enumerate(after, start=len(before)):
+        b.add((i, partition, False), now=0.0, length=length)
+    gone = b.remove(lambda x: x[1] in removed)
+    batches = b.drain() if drained else list(iter(lambda: b.next_batch(now=1.0), None))
+    assert len(b) == 0
+    assert all(len({x[2] for x in batch}) == 1 for batch in batches)  # never a mix
+    generations = [batch[0][2] for batch in batches]
+    assert generations == sorted(generations, reverse=True)  # every sealed batch before any later one
+    assert all(1 <= len(batch) <= max_batch_size for batch in batches)
+    out = sorted(x[0] for x in [*gone, *(x for batch in batches for x in batch)])
+    assert out == list(range(len(before) + len(after)))
 
 arrivals = st.lists(
     st.tuples(st.floats(min_value=0, max_value=0.02), st.integers(min_value=0, max_value=3),

@@ -52,8 +52,9 @@ def test_endpoints_serve_metrics_liveness_and_readiness() -> None:
         assert samples[("sluice_queue_delay_seconds_count", p)] == 3
         assert samples[("sluice_end_to_end_latency_seconds_bucket", (("le", "+Inf"), ("pipeline", "p")))] == 5
         assert samples[("sluice_consumer_lag_records", (("partition", "2"), ("pipeline", "p"), ("topic", "in")))] == 42
-        assert samples[("sluice_llm_requests_running", p)] == 3
-        assert samples[("sluice_llm_kv_cache_usage_ratio", p)] == 0.5
+        m = (("model", ""), ("pipeline", "p"))  # engine metrics carry the serving model (none here)
+        assert samples[("sluice_llm_requests_running", m)] == 3
+        assert samples[("sluice_llm_kv_cache_usage_ratio", m)] == 0.5
         assert get(server.port, "/nope")[0] == 404
     finally:
         server.close()

@@ -110,6 +110,16 @@ class Backend(ABC):
 
     ops: ArrayOps  # how to compute on, and copy back, what ``run`` returns; set by ``open``
 
+    def model_reference(self) -> str | None:
+        """The pipeline's name for the model on disk (a known model name, a path), or None for a model built
+        in code. Read before ``locate``; never loads anything."""
+        return None
+
+    def memory_device(self) -> str:
+        """After ``open``: where the model's memory lives, ``cpu`` or ``cuda:N``."""
+        device = getattr(self, "device", None)
+        return "cpu" if device is None else str(device)
+
     @abstractmethod
     def locate(self) -> ModelFiles:
         """Resolve the pipeline's model reference (a name, a path) without loading it.

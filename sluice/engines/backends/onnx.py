@@ -89,6 +89,13 @@ class OnnxBackend(Backend):
         self.model_file: Path | None = None  # after open(): the .onnx file the session runs
         self.providers_used: list[str] = []  # after open(): the providers the session really runs on
 
+    def model_reference(self) -> str | None:
+        return str(self.options.model)
+
+    def memory_device(self) -> str:
+        # The GPU providers take the first device unless told otherwise (Sluice does not tell them).
+        return "cuda:0" if self._use_io_binding else "cpu"
+
     def locate(self) -> ModelFiles:
         self._files = locate_onnx(self.options.model, self.context, "onnx")
         return self._files

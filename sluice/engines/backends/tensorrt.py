@@ -61,6 +61,9 @@ class TensorrtBackend(Backend):
         self.plan_path: Path | None = None  # after open(): the cached engine file
         self.built: bool = False  # after open(): True when this start built the engine
 
+    def model_reference(self) -> str | None:
+        return str(self.options.model)
+
     def locate(self) -> ModelFiles:
         has_torch = importlib.util.find_spec("torch") is not None
         error = tensorrt_plan.missing_requirements(has_gpu=gpu_visible(has_torch),

@@ -46,6 +46,10 @@ class TorchBackend(Backend):
         self.device: Any = None  # after open(): the torch.device the module runs on
         self.dtype: Any = None  # after open(): the compute dtype
 
+    def model_reference(self) -> str | None:
+        o = self.options
+        return o.model or o.torchscript or o.exported  # None: a factory builds the module in code
+
     def locate(self) -> ModelFiles:
         options = self.options
         if options.model is not None:

@@ -30,17 +30,20 @@ import string
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from sluice.engines.base import ContinuousEngine, EngineContext, EngineStartError, RecordError
+from sluice.engines.identity import ModelSource
 from sluice.engines.llm.structured.options import (
     OVERRIDE_KINDS,
     AnswerChecker,
     StructuredOutputOptions,
     record_spec,
 )
+from sluice.engines.model_source import disk_source
 from sluice.engines.registry import EngineType
 
 log = logging.getLogger(__name__)
@@ -204,6 +207,15 @@ class LLMEngine(ContinuousEngine):
         if self.llm.tokenizer is None:
             raise EngineStartError(f"model {o.model!r} has no tokenizer; the llm engine needs one for its prompts")
         self.tokenizer = self.llm.tokenizer
+
+    def model_source(self) -> ModelSource:
+        # as LLM() resolves it: a path as given (relative to the working directory), else a known name
+        given = Path(self.options.model).expanduser()
+        return disk_source(str(given) if given.exists() else self.options.model, None)
+
+    def memory_device(self) -> str:
+        llm = getattr(self, "llm", None)
+        return "cpu" if llm is None else str(llm.runner.device)
 
     # ---- intake thread -----------------------------------------------------------------------------
 
