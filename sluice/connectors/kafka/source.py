@@ -18,17 +18,14 @@ from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, 
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 
 from sluice.config import KafkaSource as KafkaSourceConfig
-from sluice.connectors.kafka.security import security_config
+from sluice.connectors.kafka.consumer_config import consumer_config
+from sluice.connectors.kafka.fencing import RejoinBudget, is_fenced_instance
 from sluice.operator.ports import PartitionsCallback, SourceFailed
 from sluice.operator.record import InputRecord, TopicPartition
 
 log = logging.getLogger(__name__)
 
 _LEAVE_TIMEOUT_S = 10.0  # how long a static member's close waits for its revoke before closing anyway
-# A static member fenced by its own id (see _self_fenced) joins again with a new consumer, at most this many
-# times within the window; more often than that, another process really holds the id and the operator stops.
-_MAX_REJOINS = 3
-_REJOIN_WINDOW_S = 300.0
 
 
 class KafkaSource:
@@ -42,35 +39,11 @@ class KafkaSource:
         self.cfg = cfg
         self._clock = clock
         self.transactional = transactional
-        conf: dict[str, Any] = {
-            "bootstrap.servers": cfg.bootstrap_servers,
-            "group.id": cfg.group_id,
-            # Incremental rebalances: partitions that stay with this process keep flowing during one.
-            "partition.assignment.strategy": "cooperative-sticky",
-            # The operator stores an offset only once every output of that record and of all earlier
-            # records of the partition is acknowledged; librdkafka then commits what was stored.
-            "enable.auto.offset.store": False,
-            "enable.auto.commit": True,
-            "auto.commit.interval.ms": commit_interval_ms,
-            "auto.offset.reset": cfg.auto_offset_reset,
-            "enable.partition.eof": False,
-            "logger": logging.getLogger("sluice.librdkafka.consumer"),
-            # librdkafka's statistics carry each partition's consumer lag; parsed every few seconds.
-            "statistics.interval.ms": 5000,
-            "stats_cb": self._on_stats,
-        }
-        if transactional:
-            conf.update({"enable.auto.commit": False, "isolation.level": "read_committed"})
-        if group_instance_id is not None:
-            # Static membership: a process restarted under the same id (after a crash) gets its partitions
-            # back at once, without a rebalance, as long as it returns within session.timeout.ms.
-            conf["group.instance.id"] = group_instance_id
-        conf.update(security_config(cfg.security))
-        conf.update(cfg.config)
+        conf = consumer_config(cfg, commit_interval_ms, transactional, group_instance_id, self._on_stats)
         self._conf = conf
         self._consumer = Consumer(conf)
         self._callbacks: tuple[PartitionsCallback, PartitionsCallback, PartitionsCallback] | None = None
-        self._rejoins: list[float] = []  # clock times of the self-fencing rejoins (see _on_error)
+        self._rejoins = RejoinBudget()  # a member fenced under its own id joins again, a few times (fencing.py)
         member = conf.get("group.instance.id")
         self.group_instance_id = None if member is None else str(member)
         # Sluice's own id, from this host's instance slot lock (sluice/operator/instance.py), not the user's
@@ -284,7 +257,8 @@ class KafkaSource:
 
     def _on_error(self, err: KafkaError) -> None:
         if err.fatal() or err.code() == KafkaError._FATAL:  # an error event reports a fatal error as _FATAL
-            if self._self_fenced(err):
+            if (is_fenced_instance(err) and self.derived_instance_id and self._callbacks is not None
+                    and self._rejoins.take(self._clock())):
                 self._rejoin(err)
                 return
             self._failed = True
@@ -298,29 +272,15 @@ class KafkaSource:
         # Transient: broker down, leader moving... librdkafka retries by itself.
         log.warning("kafka consumer: %s", err.str())
 
-    def _self_fenced(self, err: KafkaError) -> bool:
-        """A fenced static member that may have been fenced by *itself*: librdkafka reports FENCED_INSTANCE_ID as
-        fatal even where no other process holds the id -- seen when the group coordinator's broker died and
-        the member's rejoin replaced its own older registration (librdkafka #3437, confluent-kafka-go #494).
-        Rejoining is safe only for the derived default id, which this process holds through its host's
-        instance slot lock (no other process on this host can have it), and only a few times in a row."""
-        if not (err.code() == KafkaError.FENCED_INSTANCE_ID or "static consumer fenced" in err.str().lower()):
-            return False
-        if self.group_instance_id is None or not self.derived_instance_id or self._callbacks is None:
-            return False
-        now = self._clock()
-        self._rejoins = [t for t in self._rejoins if now - t < _REJOIN_WINDOW_S]
-        return len(self._rejoins) < _MAX_REJOINS
-
     def _rejoin(self, err: KafkaError) -> None:
         """Replace the fenced consumer with a new one under the same id: its partitions are lost (nothing of
         theirs is committed; the delivery strategy rewinds or lets them be redone) and come back with the
         new member's assignment."""
         assert self._callbacks is not None
-        self._rejoins.append(self._clock())
+        budget = self._rejoins
         log.warning("kafka consumer: %s; the group.instance.id %s is this process's own (its host slot lock is "
                     "held here), so it joins the group again with a new consumer (%d of %d within %.0f s)",
-                    err.str(), self.group_instance_id, len(self._rejoins), _MAX_REJOINS, _REJOIN_WINDOW_S)
+                    err.str(), self.group_instance_id, len(budget.times_s), budget.max_rejoins, budget.window_s)
         lost = list(self.assignment)
         self._drop(lost)
         self._paused.clear()
