@@ -16,3 +16,11 @@ def check_import_path(value: str) -> None:
     module, _, attr = value.partition(":")
     if not module or not attr:
         raise ValueError(f"expected 'package.module:Name', got {value!r}")
+
+
+def changed_keys(section: Section) -> set[str]:
+    """The keys of ``section`` set to something other than their default (a file that spells a default out,
+    or a dumped and reloaded model, changes nothing)."""
+    fields = type(section).model_fields
+    return {k for k in section.model_fields_set
+            if getattr(section, k) != fields[k].get_default(call_default_factory=True)}
