@@ -24,6 +24,10 @@ class Observer:
     def engine_started(self, engine: Any, warmup_s: float) -> None:
         """Intake thread, once, before the runner is built: ``engine.start()`` (load, warm-up) took ``warmup_s``."""
 
+    def bounded(self) -> None:
+        """Intake thread, once, before ``started``: the source ends by itself (files, ``--until-end``), so the
+        lag given to ``tick`` is what is left to do (progress and an ETA can be shown)."""
+
     def started(self) -> None:
         """Intake thread, once, before the first poll (the engine is started and warmed up by then)."""
 

@@ -104,6 +104,8 @@ class Runner:
         self.emitter.read_topic_limits()
         gc_thresholds = _relax_gc()
         self.worker.start()
+        if self.source.bounded:
+            self.observer.bounded()
         self.observer.started()
         last_record = last_tick = started
         try:
@@ -185,6 +187,8 @@ class Runner:
     def _finished(self, now: float, last_record: float) -> bool:
         if self.max_records is not None and self.summary.num_in >= self.max_records:
             return True
+        if self.source.is_exhausted() and self.state.is_idle():
+            return True  # a bounded source is done: every record up to its end has its outputs delivered
         if self.idle_exit_s is None or now - max(last_record, self._restarted_s) < self.idle_exit_s:
             return False
         return self.state.is_idle()
