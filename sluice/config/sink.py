@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from sluice.config.base import Section
+from sluice.config.base import Section, exactly_one_of
 from sluice.config.files import FileSink
 from sluice.config.kafka import KafkaSink
 
@@ -48,9 +48,7 @@ class Sink(Section):
 
     @model_validator(mode="after")
     def _exactly_one(self) -> Sink:
-        given = [k for k in ("kafka", "file") if getattr(self, k) is not None]
-        if len(given) != 1:
-            raise ValueError(f"give exactly one of 'kafka' or 'file' (got {' and '.join(given) or 'neither'})")
+        exactly_one_of(self, "kafka", "file")
         return self
 
     @property

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import model_validator
 
-from sluice.config.base import Section
+from sluice.config.base import Section, exactly_one_of
 from sluice.config.files import FileSource
 from sluice.config.kafka import KafkaSource
 
@@ -15,9 +15,7 @@ class Source(Section):
 
     @model_validator(mode="after")
     def _exactly_one(self) -> Source:
-        given = [k for k in ("kafka", "file") if getattr(self, k) is not None]
-        if len(given) != 1:
-            raise ValueError(f"give exactly one of 'kafka' or 'file' (got {' and '.join(given) or 'neither'})")
+        exactly_one_of(self, "kafka", "file")
         return self
 
     def describe(self) -> str:

@@ -100,10 +100,13 @@ def plan_files(p: Pipeline, base_dir: Path) -> FilePlan:
             plan.state, plan.resumed = saved, True
         elif overwrite:
             plan.start_over = True
-        else:
+        elif p.sink.file is not None:
             raise FileSetupError(f"the checkpoint {plan.checkpoint_path} is for another run: {mismatch}. Its "
                                  "outputs would mix with this run's: remove the output, its dead letters and the "
                                  "checkpoint (or set sink.file.overwrite: true) to start over")
+        else:
+            raise FileSetupError(f"the checkpoint {plan.checkpoint_path} is for another run: {mismatch}; remove "
+                                 "it to read every input again from its first row")
     elif plan.output is not None and _has_output(plan.output, plan.output_format):
         if not overwrite:
             raise FileSetupError(f"the output {plan.output} exists, and no checkpoint ({plan.checkpoint_path}) says "

@@ -110,7 +110,7 @@ class FileSink:
                 if isinstance(self.output, ParquetPartsWriter):
                     self.output.roll()
                 self.sync()
-            except OSError as err:
+            except (SchemaMismatch, OSError) as err:
                 self._fail(f"cannot finish {self.out_name}: {err}")
         return 0
 
@@ -121,8 +121,9 @@ class FileSink:
         """After the last flush: close the files."""
         for writer in (self.output, self.dead_letters):
             try:
-                writer.close()
-            except OSError as err:
+                if self._failed is None or writer is self.dead_letters:
+                    writer.close()
+            except (SchemaMismatch, OSError) as err:
                 log.warning("closing %s: %s", self.out_name, err)
 
     # ------------------------------------------------------------------------- for the checkpoint
@@ -147,7 +148,7 @@ class FileSink:
                     self.output.roll()
                 if not self.output.is_open:  # every row written is in a closed part
                     self._durable = written
-        except OSError as err:
+        except (SchemaMismatch, OSError) as err:
             self._fail(f"cannot make {self.out_name} durable: {err}")
         return self._durable, self._positions()
 

@@ -124,23 +124,22 @@ class ParquetPartsWriter:
 
     def write(self, lines: list[bytes]) -> None:
         """One JSON object per line (the codec's output records). Raises SchemaMismatch."""
-        import pyarrow as pa
 
-        try:
-            table = pa.Table.from_pylist([msgspec.json.decode(line) for line in lines])
-        except (pa.ArrowInvalid, pa.ArrowTypeError, msgspec.DecodeError) as err:
-            raise SchemaMismatch(f"outputs cannot become Parquet rows: {err}") from None
+        table = _table([msgspec.json.decode(line) for line in lines])
         if self.schema is not None:
             table = _conform(table, self.schema)
-        self._buffer.append(table)
-        self._buffered_rows += table.num_rows
         self.num_rows += table.num_rows
-        if self._opened_s is None:
-            self._opened_s = self.clock()
-        if self._buffered_rows >= self.row_group_rows:
-            self._write_row_group()
-        if self._part_rows + self._buffered_rows >= self.rows_per_file:
-            self.roll()
+        while table.num_rows:
+            room = self.rows_per_file - self._part_rows - self._buffered_rows
+            head, table = table.slice(0, room), table.slice(room)
+            self._buffer.append(head)
+            self._buffered_rows += head.num_rows
+            if self._opened_s is None:
+                self._opened_s = self.clock()
+            if self._buffered_rows >= self.row_group_rows:
+                self._write_row_group()
+            if self._part_rows + self._buffered_rows >= self.rows_per_file:
+                self.roll()
 
     @property
     def is_open(self) -> bool:
@@ -182,14 +181,31 @@ class ParquetPartsWriter:
             table = pa.concat_tables(self._buffer, promote_options="permissive")
             self.schema = _with_input_types(table.schema, self.input_schema, table)
             table = _conform(table, self.schema)
-        else:
-            table = pa.concat_tables(self._buffer)
+        else:  # what was buffered before the schema was fixed is cast to it now
+            table = pa.concat_tables([t if t.schema == self.schema else _conform(t, self.schema)
+                                      for t in self._buffer])
         self._buffer, self._buffered_rows = [], 0
         if self._writer is None:
             self._tmp = self.directory / f".part-{self._next_index:05d}.parquet.tmp"
             self._writer = pq.ParquetWriter(self._tmp, self.schema)
         self._writer.write_table(table, row_group_size=max(1, table.num_rows))
         self._part_rows += table.num_rows
+
+
+def _table(rows: list[Any]) -> Any:
+    """The rows as an Arrow table; SchemaMismatch naming the first field whose values do not share a type."""
+    import pyarrow as pa
+
+    try:
+        return pa.Table.from_pylist(rows)
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as err:
+        for name in dict.fromkeys(k for row in rows for k in row):
+            try:
+                pa.array([row.get(name) for row in rows])
+            except (pa.ArrowInvalid, pa.ArrowTypeError) as field_err:
+                raise SchemaMismatch(f"field {name!r} holds values of different types ({field_err}); the results "
+                                     "must keep one type per field") from None
+        raise SchemaMismatch(f"outputs cannot become Parquet rows: {err}") from None
 
 
 def _part_index(name: str) -> int:
