@@ -23,3 +23,8 @@ def fail_on_poison(texts: list[str]) -> list[str]:
 def inflate(texts: list[str]) -> list[str]:
     """Blows up the result of records that ask for it: more than a small output topic accepts."""
     return ["x" * 50_000 if "big" in t else t.upper() for t in texts]
+
+
+def type_flip(texts: list[str]) -> list[object]:
+    """Text results for rows below 2000, then lists: a result type that changes halfway through a file."""
+    return [t.upper() if int(t.split()[-1]) < 2000 else [t] for t in texts]
