@@ -3,7 +3,7 @@
 The one place that builds the operator's parts and hands each what it needs. A record's path, hop by hop,
 one file per hop (docs/architecture.md walks it):
 
-1. ``source.poll`` (sluice/connectors/kafka/source.py), called by :meth:`Runner.run` below;
+1. ``source.poll`` (sluice/connectors/kafka/source.py, or files/source.py), called by :meth:`Runner.run` below;
 2. :class:`~sluice.operator.intake.Intake`: tracked in the ledger, decoded, prepared, queued in the batcher;
 3. the engine thread (sluice/operator/worker.py, continuous.py) takes a batch and runs the engine;
 4. :class:`~sluice.operator.emitter.Emitter`: each result becomes an output record and is produced;
