@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sluice.config.base import changed_keys
-from sluice.config.connectors import check_connectors
+from sluice.config.connectors import check_connectors, connector_warnings
 from sluice.config.pipeline import Pipeline
 from sluice.config.yaml_file import YamlPath
 
@@ -48,6 +48,7 @@ def check_applicable(pipeline: Pipeline, engine_options: Any, continuous: bool) 
     is) or its delivery mode. Pure: reads the validated models and which keys the file gave."""
     found = Findings()
     found.errors.extend(check_connectors(pipeline))
+    found.warnings.extend(connector_warnings(pipeline))
     _delivery(pipeline, found)
     engine = pipeline.engine.type
     if continuous:

@@ -35,6 +35,22 @@ def check_connectors(p: Pipeline) -> list[Problem]:
     return found
 
 
+def connector_warnings(p: Pipeline) -> list[Problem]:
+    """Settings that do nothing with these sources and sinks (harmless, but not what their names say)."""
+    found: list[Problem] = []
+    sink = p.sink.file
+    if sink is not None:
+        if sink.resolved_format(p.source.file.file_format if p.source.file else None) == "jsonl":
+            for key in sorted(changed_keys(sink) & {"rows_per_file", "roll_interval_s", "row_group_rows"}):
+                found.append((("sink", "file", key), "applies to Parquet outputs only; a JSON-lines output is "
+                                                     "one file, durable line by line"))
+        if "key" in changed_keys(p.sink.output):
+            found.append((("sink", "output", "key"), "a file has no record keys: the output rows hold values only"))
+    if p.codec.format == "openai-batch" and "input_field" in changed_keys(p.codec):
+        found.append((("codec", "input_field"), "does not apply to openai-batch: the whole line is the request"))
+    return found
+
+
 def _delivery(p: Pipeline, found: list[Problem]) -> None:
     if p.delivery == "exactly_once" and (p.source.kafka is None or p.sink.kafka is None):
         found.append((("delivery",), "exactly_once needs a Kafka source and a Kafka sink (a transaction commits the "

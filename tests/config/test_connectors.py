@@ -68,3 +68,14 @@ def test_what_goes_together_loads_with_the_defaults_a_file_run_needs() -> None:
     batch = parse_pipeline(JSONL_IN + "engine: {type: llm, model: m.gguf}\nsink: {file: {path: results.jsonl}}\n"
                            "codec: {format: openai-batch}\n", environ={}).pipeline
     assert batch.output_format() == "openai-batch"
+
+
+def test_settings_that_do_nothing_with_files_are_warned_about() -> None:
+    loaded = parse_pipeline(JSONL_IN + ENGINE + "sink: {file: {path: out.jsonl, rows_per_file: 10}, output: "
+                            "{key: none}}\n", environ={})
+    assert len(loaded.warnings) == 2
+    rows, key = loaded.warnings
+    assert rows.startswith("sink.file.rows_per_file (line 3)") and "Parquet outputs only" in rows
+    assert key.startswith("sink.output.key (line 3)") and "no record keys" in key
+    assert parse_pipeline(FILES_IN + ENGINE + FILE_OUT.replace("out.parquet}", "out.parquet, rows_per_file: 10}"),
+                          environ={}).warnings == ()

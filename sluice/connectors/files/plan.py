@@ -179,9 +179,9 @@ def _has_output(path: Path, fmt: FileFormat | None) -> bool:
 
 def _fingerprint(p: Pipeline) -> str:
     """Of what shapes the outputs: the engine and its options, the codec, sink.output, the file formats."""
+    source_format = p.source.file.file_format if p.source.file else None
     shaping = {"engine": p.engine.model_dump(mode="json"), "codec": p.codec.model_dump(mode="json"),
                "output": p.sink.output.model_dump(mode="json"),
-               "formats": [p.source.file.file_format if p.source.file else None,
-                           p.sink.file.resolved_format(None) if p.sink.file else None]}
+               "formats": [source_format, p.sink.file.resolved_format(source_format) if p.sink.file else None]}
     text = json.dumps(shaping, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]

@@ -60,18 +60,14 @@ class BoundedKafkaSource(KafkaSource):
     def poll(self, max_records: int, timeout_s: float) -> list[InputRecord]:
         records = super().poll(max_records, timeout_s)
         ends = self.ends
-        kept: list[InputRecord] = []
-        finished: list[TopicPartition] = []
-        for r in records:
-            end = ends.end_of(r.tp)
-            if ends.advance(r.tp, r.offset + 1):
-                finished.append(r.tp)
-            if end is None or r.offset < end:
-                kept.append(r)
-            # else: produced after the run took its end offsets; dropped before it is tracked
+        last = {r.tp: r.offset for r in records}  # per partition its last offset (records come in order)
+        beyond = {tp: end for tp, off in last.items() if (end := ends.end_of(tp)) is not None and off >= end}
+        if beyond:  # produced after the run took its end offsets: dropped before they are tracked
+            records = [r for r in records if r.offset < beyond.get(r.tp, r.offset + 1)]
+        finished = [tp for tp, off in last.items() if ends.advance(tp, off + 1)]
         self._advance_positions(finished)
         self._pause_done(finished)
-        return kept
+        return records
 
     def _advance_positions(self, finished: list[TopicPartition]) -> None:
         """The consumer's own positions: past transaction markers, which never come as records."""
