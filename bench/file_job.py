@@ -106,7 +106,7 @@ def run_job(workdir: Path, loaded: Any, engine: Any) -> tuple[float, RecordingEn
     files = open_files(p, plan_files(p, loaded.base_dir), time.monotonic)
     assert files.source is not None and files.sink is not None
     runner = Runner(loaded, files.source, files.sink, recorder, codec=build_codec(loaded, recorder),
-                    on_close=[files.sink.close])
+                    on_close=[files.close])
     summary = runner.run()
     if summary.error:
         raise SystemExit(f"file_job: the job stopped on an error: {summary.error}")

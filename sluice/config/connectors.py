@@ -70,6 +70,8 @@ def _dead_letter(p: Pipeline, found: list[Problem]) -> None:
     elif dl.topic is not None:
         found.append((("dead_letter", "topic"), "is for a Kafka sink; a file sink writes its dead letters to a file "
                                                 "(dead_letter.path, default beside the output)"))
+    elif p.sink.file is not None and p.dead_letter_destination == p.sink.file.path:
+        found.append((("dead_letter", "path"), "is the output's own path; dead letters need a file of their own"))
 
 
 def _files(p: Pipeline, found: list[Problem]) -> None:

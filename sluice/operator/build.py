@@ -112,8 +112,7 @@ def _ports(loaded: LoadedPipeline, plan: FilePlan | None, until_end: bool) -> tu
 
                 dead_letter_line = openai_batch.error_line
             files = open_files(p, plan, time.monotonic, dead_letter_line)
-            if files.sink is not None:
-                on_close.append(files.sink.close)
+            on_close.append(files.close)
         kafka_source, kafka_sink, slot = _kafka_clients(p, until_end)
         if slot is not None:
             on_close.append(slot.release)

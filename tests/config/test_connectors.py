@@ -31,6 +31,8 @@ def problems(text: str) -> str:
     (FILES_IN + ENGINE + FILE_OUT + "codec: {format: raw}\n", ["codec.format (line 4)", "use format json"]),
     (FILES_IN + ENGINE + FILE_OUT + "dead_letter: {topic: dlq}\n",
      ["dead_letter.topic (line 4)", "a file sink writes its dead letters to a file"]),
+    (FILES_IN + ENGINE + FILE_OUT + "dead_letter: {path: out.parquet}\n",
+     ["dead_letter.path (line 4)", "a file of their own"]),
     (KAFKA_IN + ENGINE + KAFKA_OUT + "dead_letter: {path: dl.jsonl}\n",
      ["dead_letter.path (line 4)", "dead_letter.topic (line 4)", "is required with a Kafka sink"]),
     (FILES_IN + ENGINE + FILE_OUT + 'codec: {format: avro, schema_registry: {url: "http://r:8081"}}\n',

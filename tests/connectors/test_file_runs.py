@@ -120,6 +120,18 @@ def test_an_output_without_a_checkpoint_is_never_appended_to_or_overwritten_unas
         run(pipeline(tmp_path, {"path": "missing/*.jsonl"}, {"path": "o.jsonl"}))
 
 
+def test_a_second_run_on_the_same_outputs_is_refused_while_the_first_holds_them(tmp_path: Path) -> None:
+    from sluice.connectors.files.run_lock import RunLock
+
+    (tmp_path / "in.jsonl").write_text(json.dumps({"text": "x"}) + "\n")
+    path = pipeline(tmp_path, {"path": "in.jsonl"}, {"path": "out.jsonl"})
+    first = RunLock(tmp_path / "out.jsonl.checkpoint.lock")  # what a live run holds
+    with pytest.raises(StartError, match="another run is writing these outputs"):
+        run(path)
+    first.release()
+    assert run(path).num_out == 1  # free again (the kernel frees it too when a run dies)
+
+
 def test_results_that_do_not_fit_the_parquet_schema_stop_the_run_without_checkpointing_them(tmp_path: Path) -> None:
     write_parquet(tmp_path / "in.parquet", 3000)
     summary = run(pipeline(tmp_path, {"path": "in.parquet"}, {"path": "out.parquet", "row_group_rows": 100},

@@ -10,6 +10,7 @@ sink          the Sink: outputs and dead letters written, delivery reports serve
 writers       a JSON-lines file appended to; a directory of Parquet part files
 dead_letters  dead letters as JSON lines
 checkpoint    the state file, saved atomically once what it claims is durable
+run_lock      one run at a time per output
 ============  ===============================================================================
 
 :func:`open_files` builds them from a plan, for sluice/operator/build.py.
@@ -20,11 +21,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from sluice.config import Pipeline
 from sluice.connectors.files.checkpoint import Checkpoint
 from sluice.connectors.files.dead_letters import DeadLetterLine, json_line
 from sluice.connectors.files.plan import FilePlan, FileSetupError, plan_files
+from sluice.connectors.files.run_lock import RunLock, RunLocked
 from sluice.connectors.files.sink import FileSink
 from sluice.connectors.files.source import FileSource
 from sluice.connectors.files.writers import JsonLinesWriter, ParquetPartsWriter
@@ -39,6 +42,15 @@ class FilePorts:
     source: FileSource | None  # source.file
     sink: FileSink | None  # sink.file
     checkpoint: Checkpoint | None
+    lock: RunLock  # held until the run ends: then release it (after the sink is closed)
+
+    def close(self) -> None:
+        """After the run: close the output files, then let another run have them."""
+        try:
+            if self.sink is not None:
+                self.sink.close()
+        finally:
+            self.lock.release()
 
 
 def open_files(p: Pipeline, plan: FilePlan, clock: Callable[[], float],
@@ -46,14 +58,26 @@ def open_files(p: Pipeline, plan: FilePlan, clock: Callable[[], float],
     """Act on ``plan``: remove what starting over removes, cut the outputs back to the checkpoint, open the
     files. ``dead_letter_line``: how dead letters are written (default: :func:`json_line`). Raises
     FileSetupError."""
+    lock_of = plan.checkpoint_path or plan.output
+    assert lock_of is not None  # a file on one side at least
+    try:
+        lock = RunLock(Path(f"{lock_of}.lock"))
+    except RunLocked as err:
+        raise FileSetupError(str(err)) from None
+    except OSError as err:
+        raise FileSetupError(f"cannot create the run's lock file beside {lock_of}: {err}") from None
     try:
         if plan.start_over:
             _remove_outputs(plan)
         sink = _open_sink(p, plan, clock, dead_letter_line) if p.sink.file is not None else None
     except OSError as err:
+        lock.release()
         raise FileSetupError(f"cannot open the outputs: {err}") from None
+    except FileSetupError:
+        lock.release()
+        raise
     if p.source.file is None:
-        return FilePorts(None, sink, None)
+        return FilePorts(None, sink, None, lock)
     assert plan.checkpoint_path is not None and plan.state is not None and plan.input_format is not None
     checkpoint = Checkpoint(plan.checkpoint_path, plan.state, sink)
     source = FileSource(plan.inputs, plan.input_format, batch_rows=p.source.file.batch_rows,
@@ -61,7 +85,7 @@ def open_files(p: Pipeline, plan: FilePlan, clock: Callable[[], float],
     if plan.resumed:
         done = sum(f.state.row for f in plan.inputs)
         log.info("resuming from the checkpoint %s: %d rows done before", plan.checkpoint_path, done)
-    return FilePorts(source, sink, checkpoint)
+    return FilePorts(source, sink, checkpoint, lock)
 
 
 def _open_sink(p: Pipeline, plan: FilePlan, clock: Callable[[], float],

@@ -147,6 +147,9 @@ class Checkpoint:
         state = State(self.state.fingerprint, {**self.state.inputs, **inputs}, outputs or self.state.outputs)
         if state == self.state and self.num_saved:
             return
-        save(self.path, state)
+        try:
+            save(self.path, state)
+        except OSError as err:  # a full disk, say: the last checkpoint saved stays the one a restart uses
+            raise CheckpointProblem(f"cannot save the checkpoint {self.path}: {err.strerror or err}") from None
         self.state = state
         self.num_saved += 1

@@ -61,6 +61,13 @@ class FilePlan:
 
 def plan_files(p: Pipeline, base_dir: Path) -> FilePlan:
     """Raises FileSetupError (never touches a file)."""
+    try:
+        return _plan(p, base_dir)
+    except OSError as err:  # an input or output that cannot be looked at (permissions, a broken mount)
+        raise FileSetupError(f"cannot read {err.filename or 'a file'}: {err.strerror or err}") from None
+
+
+def _plan(p: Pipeline, base_dir: Path) -> FilePlan:
     plan = FilePlan(base_dir=base_dir)
     if p.sink.file is not None:
         plan.output = _resolve(base_dir, p.sink.file.path)

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from sluice.config.files import FileFormat
-from sluice.connectors.files.checkpoint import Checkpoint, InputState
+from sluice.connectors.files.checkpoint import Checkpoint, CheckpointProblem, InputState
 from sluice.connectors.files.readers import JsonLinesReader, ParquetReader, Reader
 from sluice.operator.ports import PartitionsCallback, SourceFailed
 from sluice.operator.record import InputRecord, TopicPartition
@@ -135,11 +135,19 @@ class FileSource:
     # --------------------------------------------------------------------------- checkpointing
 
     def store(self, watermarks: dict[TopicPartition, int]) -> None:
-        """Offer each file's done prefix to the checkpoint (saved once the outputs are durable)."""
-        self.checkpoint.offer(self._positions(watermarks))
+        """Offer each file's done prefix to the checkpoint (saved once the outputs are durable). A checkpoint
+        that cannot be saved stops the run (SourceFailed): going on would redo ever more after a crash."""
+        try:
+            self.checkpoint.offer(self._positions(watermarks))
+        except CheckpointProblem as err:
+            raise SourceFailed(f"{err}; stopping: a restart resumes from the last checkpoint saved") from None
 
     def commit(self, watermarks: dict[TopicPartition, int]) -> None:
-        self.checkpoint.offer(self._positions(watermarks))
+        """The last offer, at the end of the run (it is over either way: a failure is logged)."""
+        try:
+            self.checkpoint.offer(self._positions(watermarks))
+        except CheckpointProblem as err:
+            log.error("%s; a restart repeats what was done since the last checkpoint saved", err)
 
     def _positions(self, watermarks: dict[TopicPartition, int]) -> dict[str, InputState]:
         """Per file touched in this run: where its first row not done starts (the row after the watermark,
