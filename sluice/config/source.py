@@ -18,6 +18,11 @@ class Source(Section):
         exactly_one_of(self, "kafka", "file")
         return self
 
+    @property
+    def group_id(self) -> str | None:
+        """The consumer group a Kafka source reads in; None for files (nothing is shared with other readers)."""
+        return self.kafka.group_id if self.kafka is not None else None
+
     def describe(self) -> str:
         """What is read, for ``sluice validate`` and logs."""
         if self.kafka is not None:

@@ -55,7 +55,7 @@ class TelemetryObserver(Observer):
             if tracer_provider is None:
                 tracer_provider = self._provider = build_provider(cfg.tracing, pipeline.name)
             self.tracer = RecordTracer(tracer_provider, cfg.tracing.sample_ratio,
-                                       group_id=pipeline.source.kafka.group_id if pipeline.source.kafka else "", engine_type=pipeline.engine.type)
+                                       group_id=pipeline.source.group_id or "", engine_type=pipeline.engine.type)
             self.injects_headers = True
         self._engine: Any = None
         self._started_s: float | None = None  # when the run began (for the summary's wall time)
