@@ -49,7 +49,7 @@ def test_a_resume_from_any_handed_out_position_reads_exactly_the_rest(
     path = tmp_path / "prop.jsonl"
     path.write_bytes(("\n".join(lines) + ("\n" if final_newline and lines else "")).encode())
     size = path.stat().st_size
-    expected = [(i, line.encode()) for i, line in enumerate(lines) if line.strip()]
+    expected = [(i, line.encode()) for i, line in enumerate(lines) if line.encode().strip()]  # ASCII blanks
     rows = read_all(JsonLinesReader(path, 0, 0, size, max_line_bytes=10_000), step)
     assert [(r.offset, r.value) for r in rows] == expected
     if not rows:
