@@ -56,6 +56,10 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--idle-exit", type=float, metavar="SECONDS",
                      help="stop once no record has arrived for SECONDS while partitions are assigned, "
                           "and nothing is in flight")
+    run.add_argument("--until-end", action="store_true",
+                     help="a bounded run (a backfill, a Kubernetes Job): read each assigned partition up to the "
+                          "end offset it has when assigned, then commit and exit 0; records produced later are "
+                          "left for the next run. A file source always ends this way")
     run.set_defaults(handler=_run)
 
     validate = sub.add_parser("validate", help="check a pipeline file without running it",
@@ -91,7 +95,7 @@ def _validate(args: argparse.Namespace) -> int:
     p = loaded.pipeline
     for warning in loaded.warnings:
         print(f"{args.pipeline}: warning: {warning}", file=sys.stderr)
-    print(f"{args.pipeline}: ok ({p.source.kafka.topics} -> {p.engine.type} -> {p.sink.kafka.topic})")
+    print(f"{args.pipeline}: ok ({p.source.describe()} -> {p.engine.type} -> {p.sink.destination})")
     return EXIT_OK
 
 
@@ -104,7 +108,8 @@ def _run(args: argparse.Namespace) -> int:
     for warning in loaded.warnings:
         log.warning("%s: %s", args.pipeline, warning)
     try:
-        runner, engine = build_runner(loaded, max_records=args.max_records, idle_exit_s=args.idle_exit)
+        runner, engine = build_runner(loaded, max_records=args.max_records, idle_exit_s=args.idle_exit,
+                                      until_end=args.until_end)
     except StartError as err:
         print(f"sluice: cannot start: {err}", file=sys.stderr)
         return EXIT_FAILED
@@ -138,7 +143,7 @@ def _announce(loaded: LoadedPipeline) -> PidFile | None:
 
     p = loaded.pipeline
     try:
-        return announce(p.name, p.source.kafka.group_id)
+        return announce(p.name, p.source.group_id or "")
     except OSError as err:  # SIGHUP and --pid still work; the pipeline runs all the same
         log.warning("cannot write the PID file 'sluice reload' finds this process by: %s", err)
         return None

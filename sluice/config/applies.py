@@ -18,7 +18,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from sluice.config.base import Section
+from sluice.config.base import changed_keys
+from sluice.config.connectors import check_connectors, connector_warnings
 from sluice.config.pipeline import Pipeline
 from sluice.config.yaml_file import YamlPath
 
@@ -46,6 +47,8 @@ def check_applicable(pipeline: Pipeline, engine_options: Any, continuous: bool) 
     """What of ``pipeline`` does not apply to its engine (``continuous``: driven by add/step, as ``llm``
     is) or its delivery mode. Pure: reads the validated models and which keys the file gave."""
     found = Findings()
+    found.errors.extend(check_connectors(pipeline))
+    found.warnings.extend(connector_warnings(pipeline))
     _delivery(pipeline, found)
     engine = pipeline.engine.type
     if continuous:
@@ -60,23 +63,15 @@ def check_applicable(pipeline: Pipeline, engine_options: Any, continuous: bool) 
     return found
 
 
-def _changed(section: Section) -> set[str]:
-    """The keys of ``section`` set to something other than their default (a file that spells a default out,
-    or a dumped and reloaded model, changes nothing)."""
-    fields = type(section).model_fields
-    return {k for k in section.model_fields_set
-            if getattr(section, k) != fields[k].get_default(call_default_factory=True)}
-
-
 def _delivery(p: Pipeline, found: Findings) -> None:
-    if p.delivery == "at_least_once" and _changed(p.exactly_once):
+    if p.delivery == "at_least_once" and changed_keys(p.exactly_once):
         found.errors.append((("exactly_once",), "applies only with delivery: exactly_once, and delivery is "
                                                 "at_least_once here: add 'delivery: exactly_once', or remove "
                                                 "this section"))
 
 
 def _continuous_batching(p: Pipeline, engine: str, found: Findings) -> None:
-    given = _changed(p.batching)
+    given = changed_keys(p.batching)
     if "latency_target_ms" in given:
         found.errors.append((("batching", "latency_target_ms"),
                              f"does not apply to engine {engine}, which schedules its own running batch; size "

@@ -16,3 +16,19 @@ def check_import_path(value: str) -> None:
     module, _, attr = value.partition(":")
     if not module or not attr:
         raise ValueError(f"expected 'package.module:Name', got {value!r}")
+
+
+def changed_keys(section: Section) -> set[str]:
+    """The keys of ``section`` set to something other than their default (a file that spells a default out,
+    or a dumped and reloaded model, changes nothing)."""
+    fields = type(section).model_fields
+    return {k for k in section.model_fields_set
+            if getattr(section, k) != fields[k].get_default(call_default_factory=True)}
+
+
+def exactly_one_of(section: Section, *keys: str) -> None:
+    """A section where one key picks the implementation (``source: {kafka: ...}`` or ``{file: ...}``)."""
+    given = [k for k in keys if getattr(section, k) is not None]
+    if len(given) != 1:
+        raise ValueError(f"give exactly one of {' or '.join(repr(k) for k in keys)} "
+                         f"(got {' and '.join(given) or 'neither'})")

@@ -54,7 +54,9 @@ class SchemaRegistry(Section):
 
 
 class Codec(Section):
-    format: Literal["json", "raw", "avro", "protobuf", "json_schema"] = "json"
+    # openai-batch: lines of OpenAI's batch API ({"custom_id", "method", "url", "body"}) for the llm engine,
+    # answered with lines as OpenAI's batch output file has them (sluice/schemas/openai_batch.py)
+    format: Literal["json", "raw", "avro", "protobuf", "json_schema", "openai-batch"] = "json"
     # Dotted path of the model input inside a JSON record (e.g. "review.text"), or "." for the whole
     # record (an LLM prompt template filling several fields, say). Ignored for raw records, whose whole
     # value (UTF-8) is the input. For avro, protobuf and json_schema: a path into the decoded record.

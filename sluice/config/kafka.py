@@ -61,10 +61,6 @@ class KafkaSource(Section):
     config: dict[str, str | int | float | bool] = Field(default_factory=dict)
 
 
-class Source(Section):
-    kafka: KafkaSource
-
-
 class KafkaSink(Section):
     topic: str = Field(min_length=1)
     bootstrap_servers: str | None = None  # defaults to the source's

@@ -13,8 +13,10 @@ from sluice.config.batching import Batching
 from sluice.config.codec import REGISTRY_FORMATS, Codec
 from sluice.config.delivery import ExactlyOnce, Runtime
 from sluice.config.engine import EngineSection
-from sluice.config.kafka import KafkaSecurity, Source
+from sluice.config.files import default_dead_letter_path
+from sluice.config.kafka import KafkaSecurity
 from sluice.config.sink import DeadLetter, Sink
+from sluice.config.source import Source
 from sluice.config.telemetry import Telemetry
 
 
@@ -30,6 +32,15 @@ class Pipeline(Section):
     exactly_once: ExactlyOnce = Field(default_factory=ExactlyOnce)
     runtime: Runtime = Field(default_factory=Runtime)
     telemetry: Telemetry = Field(default_factory=Telemetry)
+
+    @property
+    def dead_letter_destination(self) -> str | None:
+        """Where dead letters go: the topic (Kafka sink), the file (a file sink always has one), or None."""
+        if self.dead_letter is None:
+            return None
+        if self.sink.file is not None:
+            return self.dead_letter.path or default_dead_letter_path(self.sink.file.path)
+        return self.dead_letter.topic
 
     def output_format(self) -> str:
         """The output records' format: ``sink.output.format``, else the input's (json for raw input)."""
@@ -52,6 +63,15 @@ class Pipeline(Section):
         if given.schema_file is not None and out not in ("avro", "json_schema"):
             raise ValueError("sink.output.schema_file is for the avro and json_schema output formats")
         return self
+
+    @model_validator(mode="before")
+    @classmethod
+    def _file_sinks_dead_letter(cls, data: Any) -> Any:
+        """A file sink always writes its dead letters to a file beside the output (dead_letter.path)."""
+        sink = data.get("sink") if isinstance(data, dict) else None
+        if isinstance(sink, dict) and sink.get("file") is not None and data.get("dead_letter") is None:
+            return {**data, "dead_letter": {}}
+        return data
 
     @model_validator(mode="before")
     @classmethod

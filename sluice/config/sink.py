@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
-from sluice.config.base import Section
+from sluice.config.base import Section, exactly_one_of
+from sluice.config.files import FileSink
 from sluice.config.kafka import KafkaSink
 
 
@@ -41,12 +42,30 @@ class Output(Section):
 
 
 class Sink(Section):
-    kafka: KafkaSink
+    kafka: KafkaSink | None = None  # a topic
+    file: FileSink | None = None  # a JSON-lines file or a directory of Parquet files
     output: Output = Field(default_factory=Output)
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> Sink:
+        exactly_one_of(self, "kafka", "file")
+        return self
+
+    @property
+    def destination(self) -> str:
+        """Where outputs go: the topic, or the output file's path (what the operator produces to)."""
+        if self.kafka is not None:
+            return self.kafka.topic
+        assert self.file is not None
+        return self.file.path
 
 
 class DeadLetter(Section):
-    topic: str = Field(min_length=1)
+    # The dead-letter topic, with a Kafka sink (required there).
+    topic: str | None = Field(default=None, min_length=1)
+    # The dead-letter file (JSON lines), with sink.file; default: beside the output, <name>.dead-letters.jsonl.
+    # A file sink always has one.
+    path: str | None = Field(default=None, min_length=1)
     # Stop once this many records in a row have failed (none reached the output topic in between): that
     # points at a broken engine, codec or producer rather than at bad records. null: never stop.
     max_consecutive_failures: int | None = Field(default=1000, ge=1)

@@ -4,20 +4,25 @@ from __future__ import annotations
 
 import logging
 import socket
+import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sluice.config import REGISTRY_FORMATS, LoadedPipeline
+from sluice.config import REGISTRY_FORMATS, LoadedPipeline, Pipeline
 from sluice.engines import registry
 from sluice.engines.base import BatchEngine, ContinuousEngine, EngineContext, EngineStartError, first_line
 from sluice.operator.instance import InstanceSlot, NoFreeSlot, claim_slot, instance_name
 from sluice.operator.observer import Observer
+from sluice.operator.ports import Sink, Source
 from sluice.operator.reload.reloader import Reloader
 from sluice.operator.reload.startup import Started, start_identified
 from sluice.operator.runner import Runner
 from sluice.operator.serving import Serving
 from sluice.operator.topics import TopicProblem, check_topics
 from sluice.schemas.codec import RecordCodec
+
+if TYPE_CHECKING:
+    from sluice.connectors.files import FilePlan
 
 log = logging.getLogger(__name__)
 
@@ -61,28 +66,31 @@ def _build(loaded: LoadedPipeline, start: Callable[[BatchEngine | ContinuousEngi
     return engine
 
 
-def build_runner(loaded: LoadedPipeline, *, observer: Observer | None = None,
+def build_runner(loaded: LoadedPipeline, *, observer: Observer | None = None, until_end: bool = False,
                  **limits: Any) -> tuple[Runner, BatchEngine | ContinuousEngine]:
-    """The topics' check, then the engine (a slow warm-up must not eat into the consumer's poll interval),
-    then Kafka clients.
+    """The topics' and files' checks, then the engine (a slow warm-up must not eat into the consumer's poll
+    interval), then the source and sink: Kafka clients or files.
 
     The observer (from the pipeline's ``telemetry`` section unless one is given) comes before the engine,
-    so /healthz answers and /readyz says "warming up" during a long model load. The topics are checked
-    before the engine loads: a missing output topic is found in milliseconds, not after a model load and
-    a first batch (sluice/operator/topics.py).
+    so /healthz answers and /readyz says "warming up" during a long model load. The topics and files are
+    checked before the engine loads: a missing output topic or input file is found in milliseconds, not
+    after a model load and a first batch (sluice/operator/topics.py, sluice/connectors/files/plan.py).
+    ``until_end``: a Kafka source reads up to the end offsets its partitions have when assigned, then the
+    run stops (``sluice run --until-end``; a file source always ends).
     """
     from confluent_kafka import KafkaException
 
-    from sluice.connectors.kafka import KafkaSink, KafkaSource
+    from sluice.connectors.files import FileSetupError, plan_files
 
     p = loaded.pipeline
     if observer is None:
         observer = _build_observer(loaded)
     try:
         check_topics(p)
+        plan = plan_files(p, loaded.base_dir) if p.source.file or p.sink.file else None
         engine, started = start_engine(loaded)
         reloader = build_reloader(loaded, engine, started, observer)
-    except TopicProblem as err:
+    except (TopicProblem, FileSetupError) as err:
         observer.stopped()
         raise StartError(str(err)) from None
     except KafkaException as err:  # a client setting librdkafka rejects
@@ -94,44 +102,90 @@ def build_runner(loaded: LoadedPipeline, *, observer: Observer | None = None,
     observer.engine_started(engine, started.warmup_s)
     try:
         codec = build_codec(loaded, engine)
+        source, sink, on_close = _ports(loaded, plan, until_end)
     except StartError:
         engine.close()
         observer.stopped()
         raise
-    exactly_once = p.delivery == "exactly_once"
+    return Runner(loaded, source, sink, engine, observer=observer, on_close=on_close, codec=codec,
+                  model=started.identity, warmup_s=started.warmup_s, reloader=reloader, **limits), engine
+
+
+def _ports(loaded: LoadedPipeline, plan: FilePlan | None, until_end: bool) -> tuple[Source, Sink, list[Callable[[], None]]]:
+    """The source and the sink, each Kafka or files; and what to close after the run. Raises StartError."""
+    from confluent_kafka import KafkaException
+
+    from sluice.connectors.files import FileSetupError, open_files
+
+    p = loaded.pipeline
+    on_close: list[Callable[[], None]] = []
+    try:
+        files = None
+        if plan is not None:
+            dead_letter_line = None
+            if p.codec.format == "openai-batch":  # its dead letters are OpenAI's error lines
+                from sluice.schemas import openai_batch
+
+                dead_letter_line = openai_batch.error_line
+            files = open_files(p, plan, time.monotonic, dead_letter_line)
+            on_close.append(files.close)
+        kafka_source, kafka_sink, slot = _kafka_clients(p, until_end)
+        if slot is not None:
+            on_close.append(slot.release)
+    except (KafkaException, NoFreeSlot, FileSetupError) as err:
+        for close in on_close:
+            close()
+        if isinstance(err, FileSetupError):
+            raise StartError(str(err)) from None
+        if isinstance(err, NoFreeSlot):
+            raise StartError(f"instance slot (for the transactional id and the static group membership): {err}"
+                             ) from None
+        raise StartError(f"kafka client configuration: {err.args[0].str()}") from None
+    source = kafka_source if kafka_source is not None else (files.source if files else None)
+    sink = kafka_sink if kafka_sink is not None else (files.sink if files else None)
+    assert source is not None and sink is not None  # config: exactly one kind per side
+    return source, sink, on_close
+
+
+def _kafka_clients(p: Pipeline, until_end: bool) -> tuple[Source | None, Sink | None, InstanceSlot | None]:
+    """The Kafka consumer and producer the pipeline has (None for a side that is files), and the instance
+    slot they claimed. Raises KafkaException, NoFreeSlot."""
+    from sluice.connectors.kafka import KafkaSink, KafkaSource
+    from sluice.connectors.kafka.bounded import BoundedKafkaSource
+
+    exactly_once = p.delivery == "exactly_once"  # Kafka on both sides (config/connectors.py)
     src = p.source.kafka
     slot: InstanceSlot | None = None
+    # One instance slot per process names both its transactional id and its static group membership,
+    # unless the pipeline names them itself (sluice/operator/instance.py).
+    txn_id = p.exactly_once.transactional_id if exactly_once else None
+    member_id = src.config.get("group.instance.id") if src is not None else None
+    if src is not None and ((exactly_once and txn_id is None) or (src.static_membership and member_id is None)):
+        slot = claim_slot(src.group_id)
+        name = instance_name(src.group_id, socket.gethostname(), slot.slot)
+        txn_id = txn_id or (name if exactly_once else None)
+        member_id = member_id or (name if src.static_membership else None)
     try:
-        # One instance slot per process names both its transactional id and its static group membership,
-        # unless the pipeline names them itself (sluice/operator/instance.py).
-        txn_id = p.exactly_once.transactional_id if exactly_once else None
-        member_id = src.config.get("group.instance.id")
-        if (exactly_once and txn_id is None) or (src.static_membership and member_id is None):
-            slot = claim_slot(src.group_id)
-            name = instance_name(src.group_id, socket.gethostname(), slot.slot)
-            txn_id = txn_id or (name if exactly_once else None)
-            member_id = member_id or (name if src.static_membership else None)
         if txn_id is not None:
             log.info("exactly-once with transactional id %s", txn_id)
         if member_id is not None:
             log.info("static group membership as %s: restarted under this id, a process gets its partitions "
                      "back at once", member_id)
-        source = KafkaSource(src, p.runtime.commit_interval_ms, transactional=exactly_once,
-                             group_instance_id=None if member_id is None else str(member_id))
-        sink = KafkaSink(p.sink.kafka.bootstrap_servers or src.bootstrap_servers, p.sink.kafka,
-                         transactional_id=txn_id, transaction_timeout_ms=p.exactly_once.transaction_timeout_ms)
-    except (KafkaException, NoFreeSlot) as err:
+        source: Source | None = None
+        if src is not None:
+            source_type = BoundedKafkaSource if until_end else KafkaSource
+            source = source_type(src, p.runtime.commit_interval_ms, transactional=exactly_once,
+                                 group_instance_id=None if member_id is None else str(member_id))
+        sink: Sink | None = None
+        if p.sink.kafka is not None:
+            bootstrap = p.sink.kafka.bootstrap_servers or (src.bootstrap_servers if src is not None else "")
+            sink = KafkaSink(bootstrap, p.sink.kafka, transactional_id=txn_id,
+                             transaction_timeout_ms=p.exactly_once.transaction_timeout_ms)
+    except BaseException:
         if slot is not None:
             slot.release()
-        engine.close()
-        observer.stopped()
-        if isinstance(err, NoFreeSlot):
-            raise StartError(f"instance slot (for the transactional id and the static group membership): {err}"
-                             ) from None
-        raise StartError(f"kafka client configuration: {err.args[0].str()}") from None
-    on_close = (slot.release,) if slot is not None else ()
-    return Runner(loaded, source, sink, engine, observer=observer, on_close=on_close, codec=codec,
-                  model=started.identity, warmup_s=started.warmup_s, reloader=reloader, **limits), engine
+        raise
+    return source, sink, slot
 
 
 def build_reloader(loaded: LoadedPipeline, engine: BatchEngine | ContinuousEngine, started: Started,

@@ -56,6 +56,12 @@ def dead_letter(record: InputRecord, topic: str, stage: str, error: BaseExceptio
     return OutputRecord(topic=topic, value=value, key=key, headers=[*headers, *errors, note])
 
 
+def error_headers(headers: list[tuple[str, bytes]]) -> dict[str, str]:
+    """What :func:`dead_letter` said about a failure, read back from its headers (without their prefix:
+    stage, class, message, topic, partition, offset)."""
+    return {k[len(HEADER_PREFIX):]: v.decode("utf-8", "replace") for k, v in headers if k.startswith(HEADER_PREFIX)}
+
+
 def source_headers(record: InputRecord) -> list[tuple[str, bytes]]:
     """The input's headers plus where the input came from."""
     return [*record.headers, *_partition_headers(record.tp.topic, record.tp.partition),

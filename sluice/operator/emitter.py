@@ -73,8 +73,8 @@ class Emitter:
                  clock: Callable[[], float]) -> None:
         self.sink, self.codec, self.state, self.observer, self.clock = sink, codec, state, observer, clock
         self.summary = state.summary
-        self.out_topic = pipeline.sink.kafka.topic
-        self.dlq_topic = pipeline.dead_letter.topic if pipeline.dead_letter else None
+        self.out_topic = pipeline.sink.destination  # a topic, or a file sink's output path
+        self.dlq_topic = pipeline.dead_letter_destination
         self.keep_key = pipeline.sink.output.key == "input"
         # replaced by the topics' own limits in read_topic_limits
         self.max_output_bytes = self.max_dead_letter_bytes = 1_000_000

@@ -33,6 +33,10 @@ class Observer:
     def model_reloaded(self, outcome: ReloadOutcome) -> None:
         """Reloader thread: a reload attempt ended (ready to switch, unchanged, or failed and why)."""
 
+    def bounded(self) -> None:
+        """Intake thread, once, before ``started``: the source ends by itself (files, ``--until-end``), so the
+        lag given to ``tick`` is what is left to do (progress and an ETA can be shown)."""
+
     def started(self) -> None:
         """Intake thread, once, before the first poll (the engine is started and warmed up by then)."""
 

@@ -1,6 +1,7 @@
 """The operator's two ports: what it needs of a source (a consumer) and of a sink (a producer).
 
-The Kafka connectors (sluice/connectors/kafka/) implement both; tests implement them in memory
+The Kafka connectors (sluice/connectors/kafka/) and the file connectors (sluice/connectors/files/) implement
+both; tests implement them in memory
 (tests/operator/memory.py). Each method says which thread calls it. The transactional methods are part of
 the contract because the exactly-once delivery strategy calls them; under at-least-once they are never
 called, and a source or sink that cannot do transactions may raise from them.
@@ -33,6 +34,9 @@ class Source(Protocol):
     are called from within :meth:`poll` (and :meth:`close`), on that thread."""
 
     assignment: set[TopicPartition]  # the partitions assigned now
+    # True: the source ends by itself (files; topics read up to their end offsets with --until-end), and
+    # ``lag`` says how many records are left to hand out.
+    bounded: bool
 
     def subscribe(self, on_assign: PartitionsCallback, on_revoke: PartitionsCallback,
                   on_lost: PartitionsCallback) -> None:
@@ -65,6 +69,10 @@ class Source(Protocol):
 
     def rewind(self, tps: Iterable[TopicPartition]) -> None:
         """Exactly-once: seek ``tps`` back to their committed offsets (after an aborted transaction)."""
+
+    def is_exhausted(self) -> bool:
+        """A bounded source has handed out every record up to its end: the run finishes what is in flight,
+        commits and stops (exit 0). An unbounded source never is."""
 
     def close(self) -> None:
         """Leave the group; called once, last."""

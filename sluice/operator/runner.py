@@ -3,7 +3,7 @@
 The one place that builds the operator's parts and hands each what it needs. A record's path, hop by hop,
 one file per hop (docs/architecture.md walks it):
 
-1. ``source.poll`` (sluice/connectors/kafka/source.py), called by :meth:`Runner.run` below;
+1. ``source.poll`` (sluice/connectors/kafka/source.py, or files/source.py), called by :meth:`Runner.run` below;
 2. :class:`~sluice.operator.intake.Intake`: tracked in the ledger, decoded, prepared, queued in the batcher;
 3. the engine thread (sluice/operator/worker.py, continuous.py) takes a batch and runs the engine;
 4. :class:`~sluice.operator.emitter.Emitter`: each result becomes an output record and is produced;
@@ -134,6 +134,8 @@ class Runner:
         self.worker.start()
         if self.reloader is not None:
             self.reloader.start()
+        if self.source.bounded:
+            self.observer.bounded()
         self.observer.started()
         last_record = last_tick = started
         try:
@@ -227,6 +229,8 @@ class Runner:
     def _finished(self, now: float, last_record: float) -> bool:
         if self.max_records is not None and self.summary.num_in >= self.max_records:
             return True
+        if self.source.is_exhausted() and self.state.is_idle():
+            return True  # a bounded source is done: every record up to its end has its outputs delivered
         if self.idle_exit_s is None or now - max(last_record, self._restarted_s) < self.idle_exit_s:
             return False
         return self.state.is_idle()

@@ -50,10 +50,11 @@ class TopicUse:
 def needed_topics(p: Pipeline) -> list[TopicUse]:
     """Every topic the pipeline reads or writes, once each (named twice: its first setting, and written
     if either use writes it)."""
-    uses = [TopicUse(t, "source.kafka.topics", False) for t in p.source.kafka.topics]
-    uses.append(TopicUse(p.sink.kafka.topic, "sink.kafka.topic", True))
-    if p.dead_letter is not None:
-        uses.append(TopicUse(p.dead_letter.topic, "dead_letter.topic", True))
+    uses = [TopicUse(t, "source.kafka.topics", False) for t in (p.source.kafka.topics if p.source.kafka else [])]
+    if p.sink.kafka is not None:
+        uses.append(TopicUse(p.sink.kafka.topic, "sink.kafka.topic", True))
+        if p.dead_letter is not None and p.dead_letter.topic is not None:
+            uses.append(TopicUse(p.dead_letter.topic, "dead_letter.topic", True))
     first: dict[str, TopicUse] = {}
     for use in uses:
         seen = first.setdefault(use.name, use)
@@ -66,19 +67,22 @@ def check_topics(p: Pipeline, timeout_s: float = _TIMEOUT_S) -> None:
     """Raise :class:`TopicProblem` when a topic is missing or refused; warn and return when the brokers
     cannot be reached within ``timeout_s``. Input topics are asked of the source's cluster, output and
     dead-letter topics of the sink's (the same one unless the sink names its own brokers), each with the
-    settings its real client gets."""
+    settings its real client gets. A side that is a file has no topics to check."""
     from sluice.connectors.kafka.security import security_config
 
     uses = needed_topics(p)
     src, sink = p.source.kafka, p.sink.kafka
-    source_conf = {"bootstrap.servers": src.bootstrap_servers, "group.id": src.group_id,
-                   **security_config(src.security), **src.config}
-    if sink.bootstrap_servers is None:  # one cluster: one client asks for every topic
-        _check_cluster(Consumer, source_conf, uses, timeout_s)
-        return
-    _check_cluster(Consumer, source_conf, [u for u in uses if not u.writes], timeout_s)
-    sink_conf = {"bootstrap.servers": sink.bootstrap_servers, **security_config(sink.security), **sink.config}
-    _check_cluster(Producer, sink_conf, [u for u in uses if u.writes], timeout_s)
+    if src is not None:
+        source_conf = {"bootstrap.servers": src.bootstrap_servers, "group.id": src.group_id,
+                       **security_config(src.security), **src.config}
+        if sink is not None and sink.bootstrap_servers is None:  # one cluster: one client asks for every topic
+            _check_cluster(Consumer, source_conf, uses, timeout_s)
+            return
+        _check_cluster(Consumer, source_conf, [u for u in uses if not u.writes], timeout_s)
+    if sink is not None:
+        sink_conf = {"bootstrap.servers": sink.bootstrap_servers or (src.bootstrap_servers if src else ""),
+                     **security_config(sink.security), **sink.config}
+        _check_cluster(Producer, sink_conf, [u for u in uses if u.writes], timeout_s)
 
 
 def _check_cluster(client_type: Callable[[dict[str, Any]], Any], conf: dict[str, Any], uses: list[TopicUse],

@@ -9,7 +9,8 @@ Decoding is bounded before any recursive work: a value larger than ``codec.max_r
 unread, and a JSON value nested deeper than ``codec.max_depth`` is refused after a linear, non-recursive
 scan (sluice/schemas/depth.py) -- a decoder recurses once per level, and 100,000 levels make it raise.
 
-JSON and raw records are handled here. The Schema Registry formats (avro, protobuf, json_schema) are one
+JSON and raw records are handled here, and OpenAI's batch lines (openai_batch.py: a JSON line read as a
+chat request, answered with OpenAI's response line). The Schema Registry formats (avro, protobuf, json_schema) are one
 module each behind :class:`~sluice.schemas.schema_format.SchemaFormat`, given as ``schemas``; their decode
 may also raise :class:`~sluice.schemas.registry.RegistryUnavailable`, which is not the record's fault.
 """
@@ -23,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from sluice.config import Codec, Output
+from sluice.schemas import openai_batch
 from sluice.schemas.depth import may_exceed, nesting_depth
 from sluice.schemas.errors import CodecError
 from sluice.schemas.output_shape import OutputShape, get_path
@@ -91,6 +93,8 @@ class RecordCodec:
             raise CodecError("decode", "the JSON nests too deeply to decode") from None
         if not isinstance(document, dict):
             raise CodecError("decode", f"expected a JSON object, got a JSON {type(document).__name__}")
+        if codec.format == "openai-batch":
+            return document, openai_batch.read_request(document)
         try:
             path = self._input_path
             model_input = document[path[0]] if len(path) == 1 else get_path(document, path)  # () -> document
@@ -105,6 +109,8 @@ class RecordCodec:
             if not self.schemas.writes_json:
                 return self.schemas.encode(document, result)
             document = self.schemas.as_dict(document.record)
+        if self.codec.format == "openai-batch":
+            return openai_batch.write_response(document, result)
         try:
             return _encoder.encode(self.shape.document(document, result))
         except (TypeError, ValueError, OverflowError) as err:

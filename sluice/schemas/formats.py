@@ -32,7 +32,7 @@ def build_schema_format(pipeline: Pipeline, result_schema: dict[str, Any] | None
         client = connect(codec.schema_registry)
     except (ValueError, TypeError, OSError) as err:  # bad URL, unreadable TLS files
         raise SchemaSetupError(f"codec.schema_registry: {err}") from None
-    args = (client, codec, pipeline.sink.output, pipeline.sink.kafka.topic, pipeline.output_format() == "json",
+    args = (client, codec, pipeline.sink.output, pipeline.sink.destination, pipeline.output_format() == "json",
             result_schema, base_dir)
     schema_format: SchemaFormat
     if codec.format == "avro":
@@ -48,5 +48,6 @@ def build_schema_format(pipeline: Pipeline, result_schema: dict[str, Any] | None
 
         assert codec.message_type is not None  # the config requires it for protobuf
         schema_format = ProtobufFormat(*args, message_type=codec.message_type)
+    assert pipeline.source.kafka is not None  # registry formats read Kafka records (config/connectors.py)
     schema_format.start(list(pipeline.source.kafka.topics))
     return schema_format

@@ -9,6 +9,7 @@ per batch and per delivery (numpy over the batch), never with one Python call pe
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -42,8 +43,8 @@ class TelemetryObserver(Observer):
     def __init__(self, pipeline: Pipeline, *, tracer_provider: TracerProvider | None = None,
                  status_stream: TextIO | None = None) -> None:
         cfg = pipeline.telemetry
-        self.out_topic = pipeline.sink.kafka.topic
-        self.dlq_topic = pipeline.dead_letter.topic if pipeline.dead_letter else None
+        self.out_topic = pipeline.sink.destination
+        self.dlq_topic = pipeline.dead_letter_destination
         self.stats = OperatorStats()
         self.counting = cfg.metrics.enabled or cfg.status != "off"
         self.status = StatusReporter(self.stats, status_stream) if cfg.status != "off" else None
@@ -56,9 +57,10 @@ class TelemetryObserver(Observer):
             if tracer_provider is None:
                 tracer_provider = self._provider = build_provider(cfg.tracing, pipeline.name)
             self.tracer = RecordTracer(tracer_provider, cfg.tracing.sample_ratio,
-                                       group_id=pipeline.source.kafka.group_id, engine_type=pipeline.engine.type)
+                                       group_id=pipeline.source.group_id or "", engine_type=pipeline.engine.type)
             self.injects_headers = True
         self._engine: Any = None
+        self._started_s: float | None = None  # when the run began (for the summary's wall time)
         self._tokens: tuple[float, float, float] | None = None  # (now_s, prompt, output) at the last tick
         self.token_rates: tuple[float, float] | None = None  # (prompt, output) tokens/s over the last tick
         self.batching: Any = None  # the adaptive batcher's latest decision (latency_target_ms only)
@@ -93,6 +95,13 @@ class TelemetryObserver(Observer):
             return "no partition assigned yet"
         return None
 
+    def bounded(self) -> None:
+        if self.status is not None:
+            self.status.bounded = True
+
+    def started(self) -> None:
+        self._started_s = time.monotonic()
+
     def assigned(self, tps: Sequence[TopicPartition]) -> None:
         self.stats.record_assignment(list(tps), [])
 
@@ -107,6 +116,8 @@ class TelemetryObserver(Observer):
 
     def stopped(self) -> None:
         if self.status is not None:
+            if self._started_s is not None:  # a run that began: say what it did
+                self.status.finish(time.monotonic() - self._started_s, self._token_totals())
             self.status.close()
         self.close()
 
@@ -172,6 +183,12 @@ class TelemetryObserver(Observer):
 
     def _engine_stats(self) -> Any:
         return getattr(self._engine, "stats", None) if self._engine is not None else None
+
+    def _token_totals(self) -> tuple[int, int] | None:
+        """(prompt, output) tokens of an LLM engine so far; None for other engines."""
+        stats = self._engine_stats()
+        prompt, output = getattr(stats, "num_prompt_tokens", None), getattr(stats, "num_output_tokens", None)
+        return None if prompt is None or output is None else (int(prompt), int(output))
 
     def _tick_tokens(self, now_s: float) -> None:
         stats = self._engine_stats()

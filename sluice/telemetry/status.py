@@ -4,6 +4,11 @@ Driven by the observer's tick (about once a second, on the intake thread). Each 
 previous one: records/s (outputs and dead-letter records acknowledged), mean batch size, p99 queue delay
 (from the queue-delay histogram's buckets, so an estimate within one bucket), consumer lag, records in
 flight, and dead-lettered records since start.
+
+A bounded run (files, ``--until-end``) also shows its progress: records done of the total (done + in flight
++ not yet read: the source's lag), and an ETA at the run's average rate so far -- on a terminal as a bar in
+front of the line, in the log lines as a percentage. At the end, :meth:`StatusReporter.finish` writes one
+summary: records, dead letters, wall time, and for an LLM engine its tokens.
 """
 
 from __future__ import annotations
@@ -32,9 +37,30 @@ class StatusWindow:
     num_in_flight: int
     num_dead_lettered: int  # since start
     num_stalled: int = 0  # partitions waiting for the schema registry now
+    progress: Progress | None = None  # a bounded run's
 
 
-def window(earlier: StatsSnapshot, now: StatsSnapshot, elapsed_s: float) -> StatusWindow:
+@dataclass(frozen=True)
+class Progress:
+    """How far a bounded run is."""
+
+    num_done: int  # records with every output delivered (dead letters included), since the run began
+    num_left: int  # in flight, plus not read yet (JSON-lines files: estimated from their bytes)
+    eta_s: float | None  # at the average rate so far; None before any record is done
+
+    @property
+    def fraction(self) -> float:
+        total = self.num_done + self.num_left
+        return self.num_done / total if total else 1.0
+
+
+def progress(done: int, left: int, rate_per_s: float) -> Progress:
+    """A bounded run's progress, its ETA from ``rate_per_s`` (records done per second so far)."""
+    return Progress(done, left, left / rate_per_s if rate_per_s > 0 else None)
+
+
+def window(earlier: StatsSnapshot, now: StatsSnapshot, elapsed_s: float,
+           progress: Progress | None = None) -> StatusWindow:
     """The status between two snapshots taken ``elapsed_s`` apart."""
     done = (now.num_out + now.total_dead_lettered) - (earlier.num_out + earlier.total_dead_lettered)
     num_batches = now.num_batches - earlier.num_batches
@@ -48,17 +74,54 @@ def window(earlier: StatsSnapshot, now: StatsSnapshot, elapsed_s: float) -> Stat
         num_in_flight=now.num_in_flight,
         num_dead_lettered=now.total_dead_lettered,
         num_stalled=now.num_stalled,
+        progress=progress,
     )
 
 
 def format_status(w: StatusWindow) -> str:
-    """One line, e.g. ``1,234 rec/s | batch 57.3 | p99 queue 12.0 ms | lag 1,024 | in flight 300 | dead 3``."""
+    """One line, e.g. ``1,234 rec/s | batch 57.3 | p99 queue 12.0 ms | lag 1,024 | in flight 300 | dead 3``;
+    a bounded run's begins ``42% 4,200/10,000 | ETA 1m05s | ``."""
     batch = "-" if math.isnan(w.mean_batch_size) else f"{w.mean_batch_size:.1f}"
     delay = "-" if math.isnan(w.p99_queue_delay_s) else f"{w.p99_queue_delay_s * 1000:.1f} ms"
     lag = "-" if w.lag is None else f"{w.lag:,}"
-    return (f"{w.records_per_s:,.0f} rec/s | batch {batch} | p99 queue {delay} | lag {lag} | "
+    done = ""
+    if w.progress is not None:
+        p = w.progress
+        done = (f"{100 * p.fraction:.0f}% {p.num_done:,}/{p.num_done + p.num_left:,} | "
+                f"ETA {'-' if p.eta_s is None else format_duration(p.eta_s)} | ")
+    return (f"{done}{w.records_per_s:,.0f} rec/s | batch {batch} | p99 queue {delay} | lag {lag} | "
             f"in flight {w.num_in_flight:,} | dead-lettered {w.num_dead_lettered:,}"
             + (f" | {w.num_stalled} partitions wait for the schema registry" if w.num_stalled else ""))
+
+
+def format_bar(p: Progress, width: int = 24) -> str:
+    """``[#########---------------]``: the done share of ``width`` cells."""
+    filled = min(width, int(p.fraction * width))
+    return "[" + "#" * filled + "-" * (width - filled) + "]"
+
+
+def format_duration(seconds: float) -> str:
+    """``45s``, ``12m05s``, ``3h07m``."""
+    s = max(0, round(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+def format_summary(snap: StatsSnapshot, elapsed_s: float, tokens: tuple[int, int] | None) -> str:
+    """The run in one line: ``10,000 records in 12.3 s (813 rec/s): 9,998 outputs, 2 dead-lettered``, and for
+    an LLM engine ``| tokens: 41,000 prompt, 9,600 output (780 output tok/s)``."""
+    done = snap.num_out + snap.total_dead_lettered
+    rate = done / elapsed_s if elapsed_s > 0 else 0.0
+    line = (f"{done:,} records in {elapsed_s:.1f} s ({rate:,.0f} rec/s): {snap.num_out:,} outputs, "
+            f"{snap.total_dead_lettered:,} dead-lettered")
+    if tokens is not None:
+        prompt, output = tokens
+        line += (f" | tokens: {prompt:,} prompt, {output:,} output "
+                 f"({output / elapsed_s if elapsed_s > 0 else 0.0:,.0f} output tok/s)")
+    return line
 
 
 class StatusReporter:
@@ -71,6 +134,8 @@ class StatusReporter:
         self.is_tty = self.stream.isatty() if is_tty is None else is_tty
         self.interval_s = 0.0 if self.is_tty else log_interval_s
         self._last: tuple[float, StatsSnapshot] | None = None
+        self.bounded = False  # set once by the observer: show progress and an ETA
+        self._first: tuple[float, int] | None = None  # (time, records done) at the first tick, for the ETA
         self._width = 0  # length of the line now on the terminal
         self._handlers: list[logging.Handler] = []
         if self.is_tty:  # log lines to the same terminal first wipe the status line, which the next tick redraws
@@ -87,20 +152,43 @@ class StatusReporter:
 
     def tick(self, now_s: float) -> None:
         if self._last is None:
-            self._last = (now_s, self.stats.snapshot())
+            snap = self.stats.snapshot()
+            self._last = (now_s, snap)
+            self._first = (now_s, snap.num_out + snap.total_dead_lettered)
             return
         then_s, earlier = self._last
         if now_s - then_s < self.interval_s:
             return
         snap = self.stats.snapshot()
-        line = format_status(window(earlier, snap, now_s - then_s))
+        done = self._progress(now_s, snap) if self.bounded else None
+        line = format_status(window(earlier, snap, now_s - then_s, done))
         self._last = (now_s, snap)
         if self.is_tty:
+            if done is not None:
+                line = f"{format_bar(done)} {line}"
             self.stream.write("\r" + line.ljust(self._width))
             self.stream.flush()
             self._width = len(line)
         else:
             log.info("%s", line)
+
+    def _progress(self, now_s: float, snap: StatsSnapshot) -> Progress:
+        done = snap.num_out + snap.total_dead_lettered
+        left = snap.num_in_flight + sum(snap.lag.values())
+        first_s, first_done = self._first or (now_s, 0)
+        rate = (done - first_done) / (now_s - first_s) if now_s > first_s else 0.0
+        return progress(done, left, rate)
+
+    def finish(self, elapsed_s: float, tokens: tuple[int, int] | None = None) -> None:
+        """The summary line, once the run is over; then :meth:`close`."""
+        line = format_summary(self.stats.snapshot(), elapsed_s, tokens)
+        if self.is_tty:
+            self.stream.write("\r" + f"done: {line}".ljust(self._width) + "\n")
+            self.stream.flush()
+            self._width = 0
+        else:
+            log.info("done: %s", line)
+        self.close()
 
     def close(self) -> None:
         """Leave the terminal on a fresh line."""

@@ -81,7 +81,7 @@ def test_core_manifests_validate_against_the_kubernetes_schemas(version: str) ->
     from kubernetes_validate import utils as kubernetes_validate
 
     core = {key: obj for key, obj in _objects().items() if not obj["apiVersion"].startswith("keda.sh/")}
-    assert {kind for kind, _ in core} == {"ConfigMap", "Secret", "Deployment", "Service"}
+    assert {kind for kind, _ in core} == {"ConfigMap", "Secret", "Deployment", "Service", "Job"}
     for (kind, name), obj in core.items():
         try:
             kubernetes_validate.validate(obj, version, strict=True)
@@ -117,9 +117,10 @@ def test_keda_objects_validate_against_the_keda_crd_schema() -> None:
     assert "maxReplicasCount" in messages and "lagTreshold" in messages
 
 
-def test_kustomization_lists_every_manifest() -> None:
+def test_kustomization_lists_every_manifest_but_the_job() -> None:
+    """The Job runs on demand (its pod template is immutable once created): applied on its own."""
     listed = yaml.safe_load((K8S_DIR / "kustomization.yaml").read_text())["resources"]
-    present = sorted(p.name for p in K8S_DIR.glob("*.yaml") if p.name != "kustomization.yaml")
+    present = sorted(p.name for p in K8S_DIR.glob("*.yaml") if p.name not in ("kustomization.yaml", "job.yaml"))
     assert sorted(listed) == present
 
 
@@ -219,3 +220,50 @@ def test_keda_authenticates_like_the_pods_with_keys_the_secret_has() -> None:
         ref = var.get("valueFrom", {}).get("secretKeyRef")
         if ref:
             assert ref["name"] == _one("Secret")["metadata"]["name"] and ref["key"] in secret
+
+
+# ------------------------------------------------------------------------------ the bounded re-index Job
+
+
+def _job_pipeline_text() -> str:
+    job = _one("Job")
+    (volume,) = [v for v in job["spec"]["template"]["spec"]["volumes"] if "configMap" in v]
+    (item,) = volume["configMap"]["items"]
+    return str(_one("ConfigMap")["data"][item["key"]])
+
+
+def test_the_job_runs_its_pipeline_until_the_end_and_sluice_takes_those_arguments(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from sluice.cli import _parser
+
+    job = _one("Job")
+    container = _container(job)
+    args = _parser().parse_args(container["args"])
+    assert args.until_end and args.pipeline == Path("/etc/sluice/reindex.yaml")
+    pipeline = tmp_path / "reindex.yaml"
+    pipeline.write_text(_job_pipeline_text())
+    for name, value in _pipeline_env(job).items():
+        monkeypatch.setenv(name, value)
+    proc = run_sluice("validate", str(pipeline), timeout_s=120)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_the_job_consumes_in_a_group_of_its_own_and_is_retried_from_its_commits() -> None:
+    """In the Deployment's group the Job would take partitions from the live consumers; exiting 0 must
+    complete it; a crash restarts the container in the same pod (same static membership id)."""
+    import re
+
+    job = _one("Job")
+    text = _job_pipeline_text()
+    wanted = {m.group(1) for m in re.finditer(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}", text)}
+    assert wanted <= set(_pipeline_env(job))
+    reindex = parse_pipeline(text, environ=_pipeline_env(job)).pipeline
+    live = _loaded_pipeline()
+    assert reindex.source.kafka.group_id != live.source.kafka.group_id
+    assert reindex.source.kafka.topics == live.source.kafka.topics
+    assert reindex.sink.kafka.topic != live.sink.kafka.topic
+    spec = job["spec"]
+    assert spec["template"]["spec"]["restartPolicy"] == "OnFailure" and spec["backoffLimit"] >= 1
+    assert 1 <= spec["parallelism"] == spec["completions"] <= PARTITIONS
+    assert spec["template"]["spec"]["terminationGracePeriodSeconds"] >= reindex.runtime.drain_timeout_s + 10
+    assert _container(job)["image"] == _container(_one("Deployment"))["image"]

@@ -45,3 +45,8 @@ def load_tagger(model: Path) -> Callable[[list[str]], list[dict[str, str]]]:
         return [{"tag": tag, "batch": batch, "text": t.upper()} for t in texts]
 
     return tag_batch
+
+
+def type_flip(texts: list[str]) -> list[object]:
+    """Text results for rows below 2000, then lists: a result type that changes halfway through a file."""
+    return [t.upper() if int(t.split()[-1]) < 2000 else [t] for t in texts]

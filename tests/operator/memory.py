@@ -85,6 +85,8 @@ class MemorySource:
     ``per_poll`` caps each poll; ``script(source)`` runs at the start of every poll (a test triggers a
     revoke, a loss or a stop from there, as librdkafka calls back from within poll)."""
 
+    bounded = False
+
     def __init__(self, records: Sequence[tuple[bytes | None, bytes | None, Headers]], *, per_poll: int = 10_000,
                  clock: ManualClock | None = None, poll_s: float = 0.002, log: EventLog | None = None,
                  script: Callable[[MemorySource], None] | None = None) -> None:
@@ -179,6 +181,9 @@ class MemorySource:
         if self.tp in set(tps):
             self._next = self.committed.get(self.tp, 0)
             self.log.add("rewind", self._next)
+
+    def is_exhausted(self) -> bool:
+        return False
 
     def close(self) -> None:
         self.log.add("close", None)

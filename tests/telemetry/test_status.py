@@ -54,3 +54,42 @@ def test_terminal_gets_one_rewritten_line_and_a_log_gets_periodic_lines(tty: boo
     else:
         assert stream.getvalue() == ""
         assert len(caplog.records) == 2  # at 10 s and 20 s
+
+
+def test_a_bounded_run_reads_its_progress_and_eta_in_front_of_the_line() -> None:
+    from sluice.telemetry.status import Progress, format_bar, format_duration, progress
+
+    p = progress(done=4200, left=5800, rate_per_s=100.0)
+    assert p == Progress(4200, 5800, 58.0) and p.fraction == 0.42
+    line = format_status(StatusWindow(100.0, 32.0, 0.01, 5800, 300, 2, progress=p))
+    assert line.startswith("42% 4,200/10,000 | ETA 58s | 100 rec/s | batch 32.0")
+    assert format_bar(p, width=10) == "[####------]"
+    assert progress(0, 10, 0.0).eta_s is None and "ETA -" in format_status(
+        StatusWindow(0.0, math.nan, math.nan, 10, 0, 0, progress=progress(0, 10, 0.0)))
+    assert progress(0, 0, 0.0).fraction == 1.0
+    assert [format_duration(s) for s in (0.4, 59, 61, 3599, 3600 * 3 + 7 * 60 + 9)] == [
+        "0s", "59s", "1m01s", "59m59s", "3h07m"]
+
+
+@pytest.mark.parametrize("tty", [True, False])
+def test_a_bounded_run_shows_a_bar_on_a_terminal_a_percentage_in_the_log_and_a_summary_at_the_end(
+        tty: bool, caplog: pytest.LogCaptureFixture) -> None:
+    stats = OperatorStats()
+    stream = io.StringIO()
+    reporter = StatusReporter(stats, stream, is_tty=tty, log_interval_s=10)
+    reporter.bounded = True
+    tp = TopicPartition("corpus.parquet", 0)
+    with caplog.at_level(logging.INFO, logger="sluice.status"):
+        for second in range(21):
+            done = 100 * second  # 100 records/s of 2,000: 50 in flight, the rest not read yet
+            stats.record_delivered(100 if second else 0, np.zeros(100 if second else 0))
+            stats.record_tick(50 if second < 20 else 0, {tp: max(0, 1950 - done)})
+            reporter.tick(float(second))
+        reporter.finish(20.0, tokens=(4000, 1000))
+    shown = stream.getvalue() if tty else "\n".join(r.getMessage() for r in caplog.records)
+    assert "50% 1,000/2,000 | ETA 10s" in shown  # at 10 s: 1,000 done, 50 in flight + 950 to read
+    if tty:
+        assert "[############------------] 50%" in shown
+    summary = "done: 2,000 records in 20.0 s (100 rec/s): 2,000 outputs, 0 dead-lettered | tokens: 4,000 prompt, " \
+              "1,000 output (50 output tok/s)"
+    assert summary in shown

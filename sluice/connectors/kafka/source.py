@@ -31,6 +31,8 @@ _LEAVE_TIMEOUT_S = 10.0  # how long a static member's close waits for its revoke
 class KafkaSource:
     """Consumes the pipeline's topics. All methods are called from the operator's intake thread."""
 
+    bounded = False  # runs until stopped; --until-end reads up to the end offsets instead (bounded.py)
+
     def __init__(self, cfg: KafkaSourceConfig, commit_interval_ms: int, clock: Callable[[], float] = time.monotonic,
                  transactional: bool = False, group_instance_id: str | None = None) -> None:
         """``transactional``: offsets are committed only through the producer's transactions
@@ -240,6 +242,9 @@ class KafkaSource:
     @property
     def paused_partitions(self) -> set[TopicPartition]:
         return self._paused
+
+    def is_exhausted(self) -> bool:
+        return False
 
     def close(self) -> None:
         """Leave the group and close. A static member's ``close`` alone would not leave (KIP-345: its

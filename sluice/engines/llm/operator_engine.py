@@ -36,7 +36,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from sluice.engines.base import ContinuousEngine, EngineContext, EngineStartError, RecordError
+from sluice.engines.chat import ChatRequest
 from sluice.engines.identity import ModelSource
+from sluice.engines.llm.chat import chat_result, chat_settings
 from sluice.engines.llm.structured.options import (
     OVERRIDE_KINDS,
     AnswerChecker,
@@ -139,6 +141,7 @@ class AnswerError(RecordError):
 class Prompt:
     token_ids: list[int]
     params: Any  # SamplingParams (its structured_output: the record's constraint, if any)
+    chat: bool = False  # a chat request (codec.format openai-batch): answered as a ChatResult (chat.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,13 +232,17 @@ class LLMEngine(ContinuousEngine):
         from sluice.engines.llm import SamplingParams
 
         o = self.options
+        chat = isinstance(value, ChatRequest)  # its own messages and settings, not the template's
         fields = value if isinstance(value, dict) else {"text": value}
-        try:
-            user = o.user_template.format_map({name: _text(fields[name]) for name in self._fields})
-        except KeyError as err:
-            raise RecordError(f"the record has no field {err.args[0]!r} for the prompt template") from None
-        messages = ([{"role": "system", "content": o.system_prompt}] if o.system_prompt else [])
-        messages.append({"role": "user", "content": user})
+        if chat:
+            messages = list(value.messages)
+        else:
+            try:
+                user = o.user_template.format_map({name: _text(fields[name]) for name in self._fields})
+            except KeyError as err:
+                raise RecordError(f"the record has no field {err.args[0]!r} for the prompt template") from None
+            messages = ([{"role": "system", "content": o.system_prompt}] if o.system_prompt else [])
+            messages.append({"role": "user", "content": user})
         token_ids = self.tokenizer.encode(self.llm.apply_chat_template(messages), add_special_tokens=False)
         if len(token_ids) >= self.llm.max_model_len:
             raise RecordError(f"the prompt has {len(token_ids)} tokens; the model's context holds "
@@ -243,7 +250,9 @@ class LLMEngine(ContinuousEngine):
         settings: dict[str, Any] = {"max_tokens": o.max_tokens, "temperature": o.temperature, "top_p": o.top_p,
                                     "top_k": o.top_k, "seed": o.seed, "stop": tuple(o.stop), "ignore_eos": o.ignore_eos,
                                     "structured_output": self._structured}
-        for name, field in o.overrides.items():
+        if chat:
+            settings = chat_settings(value, settings, o.model_fields_set, o.backend, self._checked)
+        for name, field in ({} if chat else o.overrides).items():
             if not (isinstance(fields, dict) and field in fields and fields[field] is not None):
                 continue
             if name in OVERRIDE_KINDS:
@@ -258,7 +267,7 @@ class LLMEngine(ContinuousEngine):
             params = SamplingParams(**settings)
         except (ValueError, TypeError) as err:
             raise RecordError(f"generation settings from the record are invalid: {err}") from None
-        return Prompt(token_ids, params)
+        return Prompt(token_ids, params, chat)
 
     # ---- engine thread -----------------------------------------------------------------------------
 
@@ -328,6 +337,8 @@ class LLMEngine(ContinuousEngine):
 
     def _result(self, out: Any, item: Prompt) -> Any:
         """The record's result, or the RecordError that dead-letters it."""
+        if item.chat:
+            return chat_result(out, len(item.token_ids), self.options.model)
         text = out.text
         spec = item.params.structured_output
         if out.finish_reason == "error":

@@ -48,9 +48,10 @@ def run(args: argparse.Namespace) -> int:
             p = load_pipeline(args.pipeline).pipeline
         except ConfigError as err:
             return _fail(str(err))
-        targets = pid_file.find(p.name, p.source.kafka.group_id, run_dir)
+        group = p.source.group_id or ""  # files: no consumer group
+        targets = pid_file.find(p.name, group, run_dir)
         if not targets:
-            return _fail(f"no running 'sluice run' of pipeline {p.name!r} (group {p.source.kafka.group_id!r}) in "
+            return _fail(f"no running 'sluice run' of pipeline {p.name!r} (group {group!r}) in "
                          f"{run_dir}; is it running on this host, with the same SLUICE_RUN_DIR? (--pid N "
                          "names one)")
     for target in targets:
