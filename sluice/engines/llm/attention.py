@@ -220,6 +220,9 @@ def _cpu_store_and_attend(
     plan: CpuAttentionPlan,
     params: AttentionParams,
 ) -> torch.Tensor:
+    model_dtype = query.dtype
+    if k_cache.dtype != model_dtype:  # a bf16 pool under fp32 activations: attend in the pool's dtype
+        query, key, value = query.to(k_cache.dtype), key.to(k_cache.dtype), value.to(k_cache.dtype)
     num_tokens, num_heads, head_dim = query.shape
     num_kv_heads = k_cache.shape[2]
     group = num_heads // num_kv_heads
@@ -248,7 +251,7 @@ def _cpu_store_and_attend(
         v = v.transpose(0, 1).unsqueeze(0)
         o = attend(q, k, v, p.masks[window], scale, softcap, causal=p.masks[window] is None)
         out[p.q_start : p.q_end] = o.squeeze(0).transpose(0, 1)
-    return out
+    return out if out.dtype == model_dtype else out.to(model_dtype)
 
 
 def _attend_short(
