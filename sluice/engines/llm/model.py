@@ -144,6 +144,12 @@ class CausalLM(nn.Module):
             model.embed_scale = torch.tensor(cfg.embed_scale).to(device=device, dtype=dtype)
         return model.eval().requires_grad_(False)
 
+    def set_rotary_dtype(self, dtype: torch.dtype) -> None:
+        """Keep the cos/sin tables in ``dtype``: the KV pool's, when packed projections hand bf16 queries and
+        keys to a bf16 pool (they are rotated in bf16 then, not converted to fp32 and back)."""
+        self.rope_cos = [t.to(dtype) for t in self.rope_cos]
+        self.rope_sin = [t.to(dtype) for t in self.rope_sin]
+
     @property
     def long_rope_offset(self) -> int:
         """Rows to add to a position to reach its LongRoPE long-factor row (the tables stack short, long)."""

@@ -16,13 +16,14 @@ marked for the long-factor rotary table (the scheduler recomputes a request's KV
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
 
 from sluice.engines.llm.attention import AttentionMetadata, plan_cpu_attention
 from sluice.engines.llm.config import EngineConfig, ModelConfig
-from sluice.engines.llm.layers.quantized import PACKED_MODULES
+from sluice.engines.llm.layers.quantized import PACKED_MODULES, describe_forms
 from sluice.engines.llm.model import CausalLM, KVCache
 from sluice.engines.llm.quant.policy import Source
 from sluice.engines.llm.request import Request
@@ -31,6 +32,7 @@ from sluice.engines.llm.scheduler_output import ScheduledRequest
 from sluice.engines.llm.speculation import accept_drafts
 from sluice.engines.llm.structured.bitmask import TokenBitmask
 
+log = logging.getLogger(__name__)
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -83,6 +85,11 @@ class ModelRunner:
                                            engine_config.weights)  # fmt: skip
         self.has_packed_weights = any(isinstance(m, PACKED_MODULES) for m in self.model.modules())
         self.kv_dtype = kv_cache_dtype(engine_config, self.dtype, self.has_packed_weights, self.device)
+        if self.has_packed_weights and self.kv_dtype == torch.bfloat16:
+            self.model.set_rotary_dtype(self.kv_dtype)
+        if self.has_packed_weights:
+            log.info("llm weights %s: %s; KV pool %s", engine_config.weights, describe_forms(self.model),
+                     str(self.kv_dtype).removeprefix("torch."))  # fmt: skip
         self.sampler = Sampler(engine_config.seed)
         # CPU: attention planned once per step (attention.py); otherwise the kernels' ops, fed padded
         # block tables. Tests switch this off on the CPU to run the kernel path's plumbing.

@@ -163,3 +163,37 @@ def test_packed_weights_are_refused_off_the_cpu(tiny_llama_dir: Callable[[bool],
     cfg, tensors = load_weights(tiny_llama_dir(False))
     with pytest.raises(ValueError, match="weights: int4 packs weights for the CPU"):
         CausalLM.from_weights(cfg, tensors, 64, device="meta", weights="int4")
+
+
+_PEAK_SCRIPT = """
+import json, sys
+def hwm():
+    status = open("/proc/self/status").read()
+    return int(status.split("VmHWM:")[1].split()[0]) * 1024
+import torch
+from sluice.engines.llm import LLM
+before = hwm()
+llm = LLM(sys.argv[1], weights=sys.argv[2], kv_cache_memory_bytes=1 << 24)
+params = sum(p.numel() for p in llm.runner.model.parameters())
+print(json.dumps({"delta": hwm() - before, "dense_params": params, "config": [llm.model_config.vocab_size,
+      llm.model_config.hidden_size, llm.model_config.intermediate_size, llm.model_config.num_layers]}))
+"""
+
+
+@pytest.mark.slow
+def test_loading_a_q4_gguf_never_holds_a_float32_copy(smollm2_gguf: Path) -> None:
+    """Peak RSS while SmolLM2 Q4_1 loads with ``weights: auto`` grows by less than its weights would take in
+    float32 (what loading them dequantised costs): they are converted row chunk by row chunk."""
+    import json
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _PEAK_SCRIPT, str(smollm2_gguf), "auto"], capture_output=True,
+                         text=True, timeout=300, check=True)  # fmt: skip
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    vocab, hidden, inter, layers = report["config"]
+    # embeddings (tied head) + per layer q/k/v/o (GQA: 576 + 2 * 192 + 576 rows) and gate/up/down
+    float32_bytes = 4 * (vocab * hidden + layers * (hidden * (576 + 2 * 192 + 576) + 3 * hidden * inter))
+    assert report["dense_params"] < 1_000_000  # only norms stay float parameters
+    assert report["delta"] < float32_bytes, (report["delta"] >> 20, float32_bytes >> 20)  # 357 vs 513 MiB seen;
+    # weights: fp32 grows by 787 MiB

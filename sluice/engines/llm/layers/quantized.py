@@ -1,7 +1,9 @@
 """Modules over packed weights (:mod:`sluice.engines.llm.quant`): a linear layer and an embedding table.
 
 They stand in for ``nn.Linear`` / ``nn.Embedding`` once the model is built (``CausalLM.from_weights``
-swaps them in); inputs and outputs keep the model's dtype, only the matmul runs on the packed form.
+swaps them in). A linear layer's output is bf16 (plus a bias in the model's dtype, if any): the next packed
+matmul takes it as it is, and adding it to the float32 residual stream promotes it there. Embedding rows
+come in the model's dtype.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ class QuantizedLinear(nn.Module):
         self.bias = bias  # (out_features,) in the model's dtype, or None
         self.in_features, self.out_features = weight.in_features, weight.out_features
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (num_tokens, in) -> (num_tokens, out)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (num_tokens, in) -> (num_tokens, out) bf16
         y = self.packed.matmul(x)
         return y if self.bias is None else y + self.bias
 
@@ -66,3 +68,33 @@ class RescoredHead(nn.Module):
 
 
 PACKED_MODULES = (QuantizedLinear, QuantizedEmbedding, RescoredHead)
+
+
+def packed_nbytes(model: nn.Module) -> int:
+    """Bytes of the packed weights and kept GGUF rows under ``model`` (a shared matrix counted once)."""
+    seen: dict[int, int] = {}
+    for module in model.modules():
+        for held in (getattr(module, "packed", None), getattr(module, "table", None), getattr(module, "exact", None)):
+            if isinstance(held, GGUFRows):
+                seen[id(held)] = sum(int(p.data.nbytes) for p in held.parts if hasattr(p, "data"))
+            elif held is not None:
+                seen[id(held)] = int(held.nbytes)
+    return sum(seen.values())
+
+
+def describe_forms(model: nn.Module) -> str:
+    """One line on the forms the model's weights took: ``"projections Int4Weight x120, lm_head Int8Weight
+    rescored, embed_tokens GGUF Q8_0 rows; 124 MiB packed"`` (``""`` when every weight is dense)."""
+    forms: dict[str, int] = {}
+    for module in model.modules():
+        if isinstance(module, QuantizedLinear):
+            forms[type(module.packed).__name__] = forms.get(type(module.packed).__name__, 0) + 1
+    if not forms:
+        return ""
+    parts = ["projections " + ", ".join(f"{name} x{n}" for name, n in sorted(forms.items()))]
+    head, table = getattr(model, "lm_head", None), getattr(model, "embed_tokens", None)
+    if isinstance(head, RescoredHead):
+        parts.append("lm_head rescored from the file's rows")
+    if isinstance(table, QuantizedEmbedding) and isinstance(table.table, GGUFRows):
+        parts.append(f"embed_tokens the file's {table.table.type_name} rows")
+    return ", ".join(parts) + f"; {packed_nbytes(model) / 2**20:.0f} MiB packed"

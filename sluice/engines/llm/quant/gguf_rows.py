@@ -89,6 +89,12 @@ class GGUFRows:
     def num_rows(self) -> int:
         return self.shape[0]
 
+    @property
+    def type_name(self) -> str:
+        from gguf.constants import GGMLQuantizationType
+
+        return GGMLQuantizationType(self.tensor_type).name
+
     def read(self, start: int, stop: int) -> torch.Tensor:
         """Raw rows ``start:stop`` ``(n, row_bytes)`` uint8 (a GGUFRows is itself a part of another)."""
         pieces, base = [], 0

@@ -2,11 +2,13 @@
 
 Every :class:`PackedWeight` stands for a matrix ``W`` ``(out_features, in_features)`` and offers:
 
-* ``matmul(x)``: ``x @ W.T`` for ``x`` ``(num_rows, in_features)``, returned in ``x``'s dtype. The CPU
-  kernels (torch's ``_weight_int4pack_mm_for_cpu`` / ``_weight_int8pack_mm`` and oneDNN's bf16 GEMM) are
+* ``matmul(x)``: ``x @ W.T`` for ``x`` ``(num_rows, in_features)`` of any float dtype, returned in bf16. The
+  CPU kernels (torch's ``_weight_int4pack_mm_for_cpu`` / ``_weight_int8pack_mm`` and oneDNN's bf16 GEMM) are
   fast only with bf16 activations -- with float32 or float16 ones torch falls back to scalar loops 20-100x
   slower -- so ``x`` goes in as bf16 and the result (accumulated in fp32 inside the kernel) comes out rounded
-  to bf16. That rounding (8 significant bits) is the price of these modes against ``weights: fp32``.
+  to bf16. That rounding (8 significant bits) is the price of these modes against ``weights: fp32``. The
+  result stays bf16: the next matmul takes it as it is, and torch's type promotion lifts it into a float32
+  residual stream without a separate conversion.
 * ``rows(ids)``: rows of ``W`` as float32, for embeddings that share the LM head's matrix.
 * ``nbytes``: the memory it holds.
 
@@ -43,7 +45,7 @@ class PackedWeight(Protocol):
     out_features: int
     in_features: int
 
-    def matmul(self, x: torch.Tensor) -> torch.Tensor:  # (M, in) -> (M, out), x's dtype
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:  # (M, in) any float dtype -> (M, out) bf16
         ...
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:  # (*ids.shape, in) float32
@@ -66,10 +68,6 @@ def _to_compute(x: torch.Tensor) -> torch.Tensor:
     return x if x.dtype == COMPUTE_DTYPE else x.to(COMPUTE_DTYPE)
 
 
-def _from_compute(y: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    return y if y.dtype == dtype else y.to(dtype)
-
-
 class DenseWeight:
     """``W`` stored in bf16 (``weights: bf16``, or a GGUF F16/BF16 tensor under ``weights: auto``)."""
 
@@ -82,7 +80,7 @@ class DenseWeight:
         return cls(torch.cat([chunk.to(COMPUTE_DTYPE) for chunk in row_chunks(source)]))
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        return _from_compute(torch.matmul(_to_compute(x), self.weight.T), x.dtype)
+        return torch.matmul(_to_compute(x), self.weight.T)
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         return torch.nn.functional.embedding(ids, self.weight).float()
@@ -114,7 +112,7 @@ class Int8Weight:
         return cls(torch.cat(qs), torch.cat(scales))
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        return _from_compute(torch.ops.aten._weight_int8pack_mm(_to_compute(x), self.q, self.scale), x.dtype)
+        return torch.ops.aten._weight_int8pack_mm(_to_compute(x), self.q, self.scale)
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         return self.q[ids].float() * self.scale[ids].float().unsqueeze(-1)
@@ -185,9 +183,7 @@ class Int4Weight:
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         y = torch.ops.aten._weight_int4pack_mm_for_cpu(_to_compute(x), self.packed, GROUP, self.scale_zero)
-        if y.shape[1] != self.out_features:
-            y = y[:, : self.out_features]
-        return _from_compute(y, x.dtype)
+        return y if y.shape[1] == self.out_features else y[:, : self.out_features]
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError("int4 weights are not gathered; embeddings keep their own copy")
