@@ -10,6 +10,7 @@ the intermediate checkpoint and F16 file are deleted once the quantised files ex
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -44,12 +45,20 @@ def llama_1b(quant: str) -> str:
     if not f16.is_file():
         import torch
 
-        from sluice.engines.llm.random_models import save_random_model
+        from sluice.engines.llm.random_models import PRESETS, save_random_model
         from tests.support.real_tokenizers import tokenizer_files
 
-        save_random_model(hf_dir, "llama-3.2-1b", dtype=torch.bfloat16)
-        for name in ("tokenizer.json", "tokenizer_config.json"):
-            shutil.copy(tokenizer_files("llama3") / name, hf_dir / name)
+        if not (hf_dir / "model.safetensors").is_file():
+            save_random_model(hf_dir, "llama-3.2-1b", dtype=torch.bfloat16)
+        # the package's tokenizer adds one token past the published 128256 (<|image|>): drop it, keep the shape
+        vocab = PRESETS["llama-3.2-1b"]["vocab_size"]
+        tokens = json.loads((tokenizer_files("llama3") / "tokenizer.json").read_text())
+        tokens["added_tokens"] = [t for t in tokens["added_tokens"] if t["id"] < vocab]
+        (hf_dir / "tokenizer.json").write_text(json.dumps(tokens))
+        config = json.loads((tokenizer_files("llama3") / "tokenizer_config.json").read_text())
+        decoder = config.get("added_tokens_decoder", {})
+        config["added_tokens_decoder"] = {k: v for k, v in decoder.items() if int(k) < vocab}
+        (hf_dir / "tokenizer_config.json").write_text(json.dumps(config))
         src = tools / "src"
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(src / "gguf-py"), str(src)])}
         subprocess.run([sys.executable, str(src / "convert_hf_to_gguf.py"), str(hf_dir), "--outtype", "f16",

@@ -40,7 +40,7 @@ def test_int4_from_affine_multiplies_by_its_values(rows: int) -> None:
     s, z = bf16(scale), bf16(offset + 8 * scale)  # the kernel's (q - 8) * scale + zero form, in bf16
     values = (q.float() - 8).view(rows, -1, GROUP) * s.unsqueeze(-1) + z.unsqueeze(-1)
     y = w.matmul(x)
-    assert y.dtype == torch.float32  # the caller's dtype
+    assert y.dtype == torch.bfloat16  # into the next matmul as it is
     assert_close_bf16(y, bf16(x) @ values.view(rows, cols).T)
 
 
