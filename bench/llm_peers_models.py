@@ -2,7 +2,8 @@
 model written once as Q4_0 and Q8_0 GGUF files by llama.cpp's own tools.
 
 The 1B model: ``save_random_model("llama-3.2-1b")`` (published shape, random bf16 weights) with the real
-Llama 3.2 tokenizer beside it (:mod:`tests.support.real_tokenizers`), converted to an F16 GGUF with
+Llama 3.2 tokenizer beside it (:mod:`tests.support.real_tokenizers`) and a chat template in Llama 3's
+shape, converted to an F16 GGUF with
 llama.cpp's ``convert_hf_to_gguf.py`` and quantised with its ``llama-quantize``, so both engines read the
 same bytes. The files are cached in ``<cache>/tools/llama-3.2-1b-random-<version>/`` (2.1 GB for both);
 the intermediate checkpoint and F16 file are deleted once the quantised files exist.
@@ -24,6 +25,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 QUANTS = ("Q4_0", "Q8_0")
+_LAYOUT = 2  # bump when what llama_1b writes changes (2: with a chat template)
 
 
 def smollm2() -> str:
@@ -35,7 +37,7 @@ def smollm2() -> str:
 
 def llama_1b(quant: str) -> str:
     """The random Llama-3.2-1B-shaped model as a ``quant`` GGUF file (built on first use: minutes)."""
-    folder = cache_root().parent / f"llama-3.2-1b-random-{VERSION}"
+    folder = cache_root().parent / f"llama-3.2-1b-random-{VERSION}-{_LAYOUT}"
     target = folder / f"llama-3.2-1b-random-{quant}.gguf"
     if target.is_file():
         return str(target)
@@ -47,6 +49,7 @@ def llama_1b(quant: str) -> str:
 
         from sluice.engines.llm.random_models import PRESETS, save_random_model
         from tests.support.real_tokenizers import tokenizer_files
+        from tests.support.tiny_llms import LLAMA3_TEMPLATE
 
         if not (hf_dir / "model.safetensors").is_file():
             save_random_model(hf_dir, "llama-3.2-1b", dtype=torch.bfloat16)
@@ -59,6 +62,7 @@ def llama_1b(quant: str) -> str:
         decoder = config.get("added_tokens_decoder", {})
         config["added_tokens_decoder"] = {k: v for k, v in decoder.items() if int(k) < vocab}
         (hf_dir / "tokenizer_config.json").write_text(json.dumps(config))
+        (hf_dir / "chat_template.jinja").write_text(LLAMA3_TEMPLATE)  # the package ships none
         src = tools / "src"
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(src / "gguf-py"), str(src)])}
         subprocess.run([sys.executable, str(src / "convert_hf_to_gguf.py"), str(hf_dir), "--outtype", "f16",
