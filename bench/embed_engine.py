@@ -1,6 +1,7 @@
-"""Raw throughput of the ONNX embedding engine (no Kafka): FIFO batches vs length-sorted batches.
+"""Raw throughput of the ONNX embedding engine (no Kafka): FIFO batches vs length-sorted batches, float32
+and ``quantize: int8`` side by side.
 
-    .venv/bin/python bench/embed_engine.py [--num-texts 2000] [--budget-s 14] [--threads 2]
+    .venv/bin/python bench/embed_engine.py [--num-texts 2000] [--budget-s 14] [--threads 2] [--quantize none,int8]
 
 For each batch size (1, 8, 32, 64) the same pre-tokenised review-like texts run through ``engine.infer``
 in two orders:
@@ -10,7 +11,10 @@ in two orders:
   what ``bucket_by: tokens`` does in the operator, so batches pad little.
 
 Only ``infer`` is timed (tokenising runs on the operator's intake thread, overlapped). Each configuration
-runs whole windows until its time budget is spent, so the script stays under ~3 minutes on 2 cores.
+runs whole windows until its time budget is spent, so the script stays under ~3 minutes on 2 cores per
+``--quantize`` mode; the modes take turns on every configuration, so their ratio comes from one run. With
+both modes, the int8 engine's cosine to the float32 vectors on 200 varied texts (``tests/support/texts.py``,
+batches of 32 in arrival order) is reported too.
 Prints a table and writes ``bench/results/embed_engine.json``.
 
 Importable pieces for the end-to-end bench: :func:`review_texts`, :func:`cut_batches`,
@@ -109,12 +113,12 @@ def time_batches(engine: Any, items: Sequence[Any], batch_size: int, policy: Pol
     return Measurement(policy, batch_size, num_records, elapsed_s, num_records / elapsed_s, num_real, num_padded)
 
 
-def _build_engine(model: str, threads: int) -> Any:
+def _build_engine(model: str, threads: int, quantize: str = "none") -> Any:
     from sluice.engines.base import EngineContext
     from sluice.engines.onnx import ENGINE_TYPE, OnnxOptions
 
     options = OnnxOptions(model=model, providers=["cuda", "cpu"], intra_op_num_threads=threads,
-                          inter_op_num_threads=1)
+                          inter_op_num_threads=1, quantize=quantize)
     engine = ENGINE_TYPE.factory(options, EngineContext(max_batch_size=64))
     engine.start()
     return engine
@@ -128,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--window", type=int, default=256, help="sorting window of the length-aware order")
     parser.add_argument("--budget-s", type=float, default=12.0, help="time budget per configuration")
     parser.add_argument("--threads", type=int, default=2, help="onnxruntime intra-op threads")
+    parser.add_argument("--quantize", default="none,int8", help="engine quantize modes to compare")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "embed_engine.json")
     args = parser.parse_args(argv)
 
@@ -135,7 +140,9 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.model == "minilm-l6":
         fetch("minilm-l6")
-    engine = _build_engine(args.model, args.threads)
+    modes = args.quantize.split(",")
+    engines = {mode: _build_engine(args.model, args.threads, mode) for mode in modes}
+    engine = engines[modes[0]]  # every mode tokenises alike: its items feed them all
     texts = review_texts(args.num_texts)
     tokenize_start_s = time.perf_counter()
     items = [engine.prepare([text])[0] for text in texts]  # one record at a time, as the operator does
@@ -147,28 +154,40 @@ def main(argv: list[str] | None = None) -> int:
 
     rows = []
     for batch_size in [int(b) for b in args.batch_sizes.split(",")]:
-        fifo = time_batches(engine, items, batch_size, "fifo", window=args.window, budget_s=args.budget_s)
-        # At batch 1 both orders run the very same batches; measure once.
-        ordered = fifo if batch_size == 1 else time_batches(engine, items, batch_size, "sorted",
-                                                             window=args.window, budget_s=args.budget_s)
-        rows.append({"batch_size": batch_size, "fifo": asdict(fifo), "sorted": asdict(ordered),
-                     "ratio_sorted_over_fifo": ordered.records_per_s / fifo.records_per_s})
+        for mode, eng in engines.items():  # the modes take turns on each configuration
+            fifo = time_batches(eng, items, batch_size, "fifo", window=args.window, budget_s=args.budget_s)
+            # At batch 1 both orders run the very same batches; measure once.
+            ordered = fifo if batch_size == 1 else time_batches(eng, items, batch_size, "sorted",
+                                                                 window=args.window, budget_s=args.budget_s)
+            rows.append({"quantize": mode, "batch_size": batch_size, "fifo": asdict(fifo), "sorted": asdict(ordered),
+                         "ratio_sorted_over_fifo": ordered.records_per_s / fifo.records_per_s})
+    base = {r["batch_size"]: r for r in rows if r["quantize"] == modes[0]}
+    for row in rows:
+        first = base[row["batch_size"]]
+        row[f"sorted_vs_{modes[0]}"] = row["sorted"]["records_per_s"] / first["sorted"]["records_per_s"]
+        row[f"fifo_vs_{modes[0]}"] = row["fifo"]["records_per_s"] / first["fifo"]["records_per_s"]
 
-    print(f"{'batch':>5}  {'fifo rec/s':>10}  {'sorted rec/s':>12}  {'sorted/fifo':>11}  "
-          f"{'fifo pad eff':>12}  {'sorted pad eff':>14}")
+    print(f"{'quantize':>8}  {'batch':>5}  {'fifo rec/s':>10}  {'sorted rec/s':>12}  {'sorted/fifo':>11}  "
+          f"{'fifo pad eff':>12}  {'sorted pad eff':>14}  {'sorted vs ' + modes[0]:>16}")
     for row in rows:
         fifo_row, sorted_row = row["fifo"], row["sorted"]
-        print(f"{row['batch_size']:>5}  {fifo_row['records_per_s']:>10.1f}  {sorted_row['records_per_s']:>12.1f}  "
-              f"{row['ratio_sorted_over_fifo']:>10.2f}x  "
+        print(f"{row['quantize']:>8}  {row['batch_size']:>5}  {fifo_row['records_per_s']:>10.1f}  "
+              f"{sorted_row['records_per_s']:>12.1f}  {row['ratio_sorted_over_fifo']:>10.2f}x  "
               f"{fifo_row['num_real_tokens'] / fifo_row['num_padded_tokens']:>12.0%}  "
-              f"{sorted_row['num_real_tokens'] / sorted_row['num_padded_tokens']:>14.0%}")
+              f"{sorted_row['num_real_tokens'] / sorted_row['num_padded_tokens']:>14.0%}  "
+              f"{row[f'sorted_vs_{modes[0]}']:>15.2f}x")
+    agreement = _agreement(engines) if "none" in engines and "int8" in engines else None
+    if agreement is not None:
+        print(f"int8 vs float32 cosine on 200 varied texts: min {agreement['min']:.4f}, mean {agreement['mean']:.4f}; "
+              f"logged at start on the probe texts: {engines['int8'].int8_agreement}")
 
     import onnxruntime
 
     result = {
         "bench": "embed_engine", "model": args.model, "num_texts": len(texts), "window": args.window,
         "budget_s_per_config": args.budget_s, "intra_op_num_threads": args.threads,
-        "providers": engine.providers_used, "onnxruntime": onnxruntime.__version__,
+        "providers": engine.providers_used, "onnxruntime": onnxruntime.__version__, "quantize": modes,
+        "int8_cosine_to_float32": agreement,
         "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(),
                     "load_average_1m": os.getloadavg()[0]},
         "tokens_per_text": {"median": lengths[len(lengths) // 2], "p90": lengths[int(len(lengths) * 0.9)],
@@ -179,8 +198,25 @@ def main(argv: list[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     print(f"wrote {args.out}", file=sys.stderr)
-    engine.close()
+    for eng in engines.values():
+        eng.close()
     return 0
+
+
+def _agreement(engines: dict[str, Any]) -> dict[str, float]:
+    """Cosine of the int8 engine's vectors to the float32 engine's on 200 varied texts (batches of 32)."""
+    import numpy as np
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from tests.support.texts import varied_texts
+
+    texts = varied_texts(200)
+    vectors = {}
+    for mode in ("none", "int8"):
+        items = engines[mode].prepare(texts)
+        vectors[mode] = np.asarray([v for i in range(0, 200, 32) for v in engines[mode].infer(items[i : i + 32])])
+    cosines = (vectors["none"] * vectors["int8"]).sum(axis=1)
+    return {"min": float(cosines.min()), "mean": float(cosines.mean())}
 
 
 if __name__ == "__main__":

@@ -11,7 +11,8 @@ All start-up problems raise :class:`EngineStartError` with one line. onnxruntime
 
 from __future__ import annotations
 
-from typing import Annotated
+import logging
+from typing import Annotated, Literal
 
 from pydantic import AfterValidator, Field
 
@@ -36,6 +37,9 @@ class OnnxOptions(EngineTaskOptions):
     # nothing else, but here the intake (decode, tokenise) and emitter threads need the same cores.
     intra_op_spinning: bool = False
     export_cache_dir: str | None = None  # exports of HF directories; default <sluice cache>/exports
+    # int8: ONNX Runtime's dynamic quantisation of the model (made once, cached beside it; see
+    # backends/onnx_int8.py), its cosine to the float32 outputs logged at start
+    quantize: Literal["none", "int8"] = "none"
 
 
 class OnnxEngine(TaskEngine):
@@ -45,11 +49,35 @@ class OnnxEngine(TaskEngine):
 
     def __init__(self, options: OnnxOptions, context: EngineContext) -> None:
         super().__init__("onnx", options, OnnxBackend(options, context), context)
+        self.int8_agreement: tuple[float, float] | None = None  # after start() with quantize: int8
+
+    def start(self) -> None:
+        super().start()
+        if self.options.quantize == "int8" and self.task is not None:
+            self._check_int8()
+
+    def _check_int8(self) -> None:
+        """Run the probe texts through the float32 model too, and log how close the int8 outputs are."""
+        from sluice.engines.backends.onnx_int8 import PROBE_TEXTS, agreement
+
+        assert self.task is not None and self.backend.load_request is not None
+        reference = OnnxBackend(self.options.model_copy(update={"quantize": "none"}), self.context)
+        reference.locate()
+        reference.open(self.backend.load_request)
+        try:
+            self.int8_agreement = agreement(self.task, self.backend, reference)
+        finally:
+            reference.close()
+        low, mean = self.int8_agreement
+        log.info("onnx engine: int8 model %s; cosine to the float32 model's outputs on %d probe texts: min %.4f, "
+                 "mean %.4f", self.backend.model_file, len(PROBE_TEXTS), low, mean)
 
     @property
     def providers_used(self) -> list[str]:
         """After start(): the providers the session really runs on."""
         return self.backend.providers_used
 
+
+log = logging.getLogger(__name__)
 
 ENGINE_TYPE = EngineType(name="onnx", options=OnnxOptions, factory=OnnxEngine)

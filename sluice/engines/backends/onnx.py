@@ -68,6 +68,18 @@ def onnx_file(files: ModelFiles, request: LoadRequest, export_cache_dir: str | N
         raise EngineStartError(str(err)) from None
 
 
+def _int8(model_file: Path) -> Path:
+    from sluice.engines.backends.onnx_int8 import int8_model
+
+    try:
+        return int8_model(model_file)
+    except ImportError as err:
+        raise EngineStartError(f"quantize: int8 needs onnxruntime's quantisation tools ({err}); install the onnx "
+                               "extra (it brings the onnx package)") from None
+    except Exception as err:  # onnx / onnxruntime raise their own types for graphs they cannot quantise
+        raise EngineStartError(f"cannot quantise {model_file} to int8: {first_line(err)}; use quantize: none") from None
+
+
 def tensor_specs(nodes: Sequence[Any]) -> tuple[TensorSpec, ...]:
     """onnxruntime's NodeArg list as TensorSpecs (symbolic dimensions become None)."""
     return tuple(TensorSpec(name=node.name, dtype=NUMPY_TYPES.get(node.type, np.float32),
@@ -87,6 +99,7 @@ class OnnxBackend(Backend):
         self._use_io_binding = False
         self._io_device = "cuda"
         self.model_file: Path | None = None  # after open(): the .onnx file the session runs
+        self.load_request: LoadRequest | None = None  # after open(): what it was opened for
         self.providers_used: list[str] = []  # after open(): the providers the session really runs on
 
     def model_reference(self) -> str | None:
@@ -105,6 +118,9 @@ class OnnxBackend(Backend):
 
         assert self._files is not None  # locate() comes first
         model_file = onnx_file(self._files, request, self.options.export_cache_dir, self.context)
+        if getattr(self.options, "quantize", "none") == "int8":
+            model_file = _int8(model_file)
+        self.load_request = request
         providers = onnx_providers.available_providers(ort, self.options.providers)
         try:
             session = ort.InferenceSession(

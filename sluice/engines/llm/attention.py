@@ -77,6 +77,7 @@ class CpuAttentionPlan:
     decode_blocks: torch.Tensor | None = None  # (num_decodes * max_blocks,) int64, rows padded with block 0
     # per window: (num_decodes, 1, 1, max_blocks * block_size) bool, True = key visible
     decode_masks: dict[Window, torch.Tensor] = field(default_factory=dict)
+    decode_only: bool = False  # every sequence decodes one token: query row i is decode row i
     short: ShortQueryPlan | None = None  # sequences with a few new tokens (speculative verifies)
     prefills: list[PrefillPlan] = field(default_factory=list)
 
@@ -148,6 +149,7 @@ def plan_cpu_attention(
         positions = torch.arange(max_blocks * block_size).unsqueeze(0)  # (1, max_blocks * block_size)
         lens_t = torch.tensor(lens).unsqueeze(1)  # (num_decodes, 1)
         plan.decode_rows = torch.tensor(decode_rows, dtype=torch.int64)
+        plan.decode_only = len(decode_rows) == len(query_lens)
         plan.decode_blocks = torch.tensor(table, dtype=torch.int64)
         full = positions < lens_t
         for w in keys:
@@ -198,7 +200,10 @@ def store_and_attend(
     meta: AttentionMetadata,
     params: AttentionParams,
 ) -> torch.Tensor:  # (num_tokens, num_heads, head_dim)
-    """Write this step's K/V into the cache, then attend each new token over its sequence's cache."""
+    """Write this step's K/V into the cache, then attend each new token over its sequence's cache.
+
+    Returns the attention in ``query``'s dtype; on the CPU, queries of another dtype than the cache's are
+    attended in the cache's dtype and converted back."""
     if meta.cpu_plan is None:
         from sluice.engines.llm import kernels
 
@@ -220,6 +225,9 @@ def _cpu_store_and_attend(
     plan: CpuAttentionPlan,
     params: AttentionParams,
 ) -> torch.Tensor:
+    model_dtype, kv_dtype = query.dtype, k_cache.dtype
+    # a bf16 pool under fp32 activations (packed weights): attend in the pool's dtype
+    query, key, value = (t if t.dtype == kv_dtype else t.to(kv_dtype) for t in (query, key, value))
     num_tokens, num_heads, head_dim = query.shape
     num_kv_heads = k_cache.shape[2]
     group = num_heads // num_kv_heads
@@ -228,16 +236,21 @@ def _cpu_store_and_attend(
     v_flat = v_cache.view(-1, num_kv_heads, head_dim)
     k_flat.index_copy_(0, slot_mapping, key)
     v_flat.index_copy_(0, slot_mapping, value)
-    out = torch.empty_like(query)
     if plan.decode_rows is not None and plan.decode_blocks is not None:
         n = plan.decode_rows.shape[0]
         # The `group` query heads sharing a KV head become `group` query rows of one attention problem.
-        q = query.index_select(0, plan.decode_rows).view(n, num_kv_heads, group, head_dim)
+        q = query if plan.decode_only else query.index_select(0, plan.decode_rows)
+        q = q.reshape(n, num_kv_heads, group, head_dim)
         shape = (n, -1, num_kv_heads, head_dim)  # (n, max_blocks * block_size, num_kv_heads, head_dim)
         k = k_cache.index_select(0, plan.decode_blocks).view(shape).transpose(1, 2)
         v = v_cache.index_select(0, plan.decode_blocks).view(shape).transpose(1, 2)
-        o = attend(q, k, v, plan.decode_masks[window], scale, softcap)
-        out.index_copy_(0, plan.decode_rows, o.reshape(n, num_heads, head_dim))
+        o = attend(q, k, v, plan.decode_masks[window], scale, softcap).reshape(n, num_heads, head_dim)
+        if plan.decode_only:  # every row is a decode, in order: no scatter
+            return o if o.dtype == model_dtype else o.to(model_dtype)
+        out = torch.empty_like(query)
+        out.index_copy_(0, plan.decode_rows, o)
+    else:
+        out = torch.empty_like(query)
     if plan.short is not None:
         _attend_short(query, k_cache, v_cache, plan.short, params, out)
     for p in plan.prefills:
@@ -248,7 +261,7 @@ def _cpu_store_and_attend(
         v = v.transpose(0, 1).unsqueeze(0)
         o = attend(q, k, v, p.masks[window], scale, softcap, causal=p.masks[window] is None)
         out[p.q_start : p.q_end] = o.squeeze(0).transpose(0, 1)
-    return out
+    return out if out.dtype == model_dtype else out.to(model_dtype)
 
 
 def _attend_short(

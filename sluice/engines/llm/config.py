@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+WEIGHT_MODES = ("auto", "fp32", "bf16", "int8", "int4")  # see quant/policy.py
 ROPE_SCALINGS = ("default", "linear", "dynamic", "llama3", "longrope", "yarn")
 ACTIVATIONS = ("silu", "gelu_tanh", "gelu")
 
@@ -164,6 +165,12 @@ class EngineConfig:
     kv_cache_memory_bytes: int | None = None  # explicit KV pool size; overrides the fraction below
     gpu_memory_utilization: float = 0.9  # CUDA only: fraction of free memory the KV pool may take
     dtype: str = "auto"  # "auto" (fp32 on CPU, bf16/fp16 on CUDA), "float32", "float16", "bfloat16"
+    # form of the projections, LM head and embeddings on the CPU (quant/policy.py): "auto" keeps a GGUF's
+    # quantisation where a kernel exists, "fp32" dequantises all, "bf16", "int8", "int4" convert all
+    weights: str = "auto"
+    # dtype of the KV pool: "auto" = bf16 on the CPU when weights are packed (their matmuls take bf16 inputs
+    # anyway, and it halves the pool), else the model's dtype; or "float32", "bfloat16", "float16"
+    kv_cache_dtype: str = "auto"
     device: str = "auto"  # "auto" (cuda if available), "cpu", "cuda", "cuda:N"
     max_model_len: int | None = None  # prompt + output cap; default: the model's context length
     num_threads: int | None = None  # CPU only: torch intra-op threads (None leaves torch's setting)
@@ -188,6 +195,10 @@ class EngineConfig:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.dtype not in ("auto", "float32", "float16", "bfloat16"):
             raise ValueError(f"dtype must be auto, float32, float16 or bfloat16, got {self.dtype!r}")
+        if self.kv_cache_dtype not in ("auto", "float32", "float16", "bfloat16"):
+            raise ValueError(f"kv_cache_dtype must be auto, float32, float16 or bfloat16, got {self.kv_cache_dtype!r}")
+        if self.weights not in WEIGHT_MODES:
+            raise ValueError(f"weights must be one of {', '.join(WEIGHT_MODES)}, got {self.weights!r}")
         if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
             raise ValueError(f"device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
         if self.num_speculative_tokens < 0:

@@ -31,6 +31,12 @@ class GGUFTensor:
     shape: tuple[int, ...]  # numpy order (outermost first): (rows, cols) of a projection is (out, in)
     tensor_type: int  # ggml type (gguf.GGMLQuantizationType value)
     data: np.ndarray  # read-only view of the file: elements, or the raw bytes of a quantised tensor
+    offset: int  # of the data in the file, in bytes
+
+    @property
+    def is_quantized(self) -> bool:
+        """Whether ``data`` holds raw quantised blocks (not elements)."""
+        return self.tensor_type not in _DIRECT
 
     def to_float32(self) -> np.ndarray:
         """The values as a float32 array of ``shape`` (dequantised; a copy unless the file holds F32)."""
@@ -112,11 +118,11 @@ class GGUFFile:
         num_elements = int(np.prod(shape)) if shape else 1
         if kind in _DIRECT:
             data = np.frombuffer(self._view, dtype=_DIRECT[kind], count=num_elements, offset=offset).reshape(shape)
-            return GGUFTensor(name, shape, kind, data)
+            return GGUFTensor(name, shape, kind, data, offset)
         from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
         block_size, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(kind)]
         row_bytes = shape[-1] // block_size * type_size
         data = np.frombuffer(self._view, dtype=np.uint8, count=num_elements // block_size * type_size,
                              offset=offset).reshape(*shape[:-1], row_bytes)  # fmt: skip
-        return GGUFTensor(name, shape, kind, data)
+        return GGUFTensor(name, shape, kind, data, offset)

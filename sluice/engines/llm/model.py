@@ -21,8 +21,19 @@ from torch import nn
 from sluice.engines.llm.attention import AttentionMetadata
 from sluice.engines.llm.config import ModelConfig, RopeConfig
 from sluice.engines.llm.layers.norm import make_norm
+from sluice.engines.llm.layers.quantized import QuantizedEmbedding, QuantizedLinear, RescoredHead
 from sluice.engines.llm.layers.rotary import rope_tables
 from sluice.engines.llm.layers.self_attention import KVCache
+from sluice.engines.llm.quant.gguf_rows import GGUFRows
+from sluice.engines.llm.quant.policy import (
+    Materialized,
+    Role,
+    Source,
+    choose_form,
+    gatherable,
+    materialize,
+    rescores_head,
+)
 
 __all__ = ["CausalLM", "KVCache", "LlamaModel"]
 
@@ -55,16 +66,26 @@ class CausalLM(nn.Module):
     def from_weights(
         cls,
         cfg: ModelConfig,
-        tensors: dict[str, torch.Tensor],
+        tensors: dict[str, Source],
         max_model_len: int,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
+        weights: str = "fp32",
     ) -> CausalLM:
         """Build the model from Sluice-named tensors (``models/`` maps and fuses a checkpoint's names).
 
-        Consumes ``tensors`` (the dict is emptied) so that no second copy of the weights stays alive.
+        ``weights``: the form of the projections, LM head and embeddings (``quant/policy.py``; ``fp32``: dense
+        in ``dtype``). Packed forms are CPU kernels: on another device ``auto`` means dense, and the packed
+        modes are refused. Consumes ``tensors`` (the dict is emptied, one tensor at a time) so that no second
+        copy of the weights stays alive.
         """
         from sluice.engines.llm.models.registry import family_named
+
+        if torch.device(device).type != "cpu":
+            if weights not in ("auto", "fp32"):
+                raise ValueError(f"weights: {weights} packs weights for the CPU; on {device} use weights: auto "
+                                 "(the weights then follow dtype)")  # fmt: skip
+            weights = "fp32"
 
         with torch.device("meta"):
             model = cls(cfg, max_model_len, family_named(cfg.architecture).decoder_layer)
@@ -77,16 +98,44 @@ class CausalLM(nn.Module):
             tensors.pop("lm_head.weight", None)
         elif "lm_head.weight" not in tensors:
             raise ValueError("the weights have no lm_head.weight and the config does not tie embeddings")
-        state = {}
+        state: dict[str, torch.Tensor] = {}
+        packed: dict[str, Materialized] = {}  # module name -> its packed weight
+        exact_head: GGUFRows | None = None  # the LM head's own rows, when its packed logits are rescored
         for name in list(tensors):
-            tensor = tensors.pop(name)
+            source = tensors.pop(name)
+            module_name, _, param = name.rpartition(".")
+            role = _ROLES.get(module_name, "linear")
+            if param == "weight" and isinstance(model.get_submodule(module_name), (nn.Linear, nn.Embedding)):
+                if cfg.tie_word_embeddings and module_name == "embed_tokens":
+                    packed.update(_tied(source, weights))
+                    if rescores_head(source, weights):
+                        table = packed["embed_tokens"]
+                        exact_head = table if isinstance(table, GGUFRows) else None
+                    continue
+                form = choose_form(role, source, weights)
+                if form != "float":
+                    packed[module_name] = materialize(source, form)
+                    if role == "lm_head" and rescores_head(source, weights):
+                        exact_head = materialize(source, "gguf")  # type: ignore[assignment]
+                    continue
+            tensor = source.to_float() if isinstance(source, GGUFRows) else source
             state[name] = tensor.to(device=device, dtype=torch.float32 if name in keep_fp32 else dtype)
+        for module_name, weight in packed.items():
+            if isinstance(weight, torch.Tensor):  # a tied table kept dense
+                state[f"{module_name}.weight"] = weight.to(device=device, dtype=dtype)
         missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
-        missing = [m for m in missing if not (cfg.tie_word_embeddings and m == "lm_head.weight")]
+        dense_tied = cfg.tie_word_embeddings and "embed_tokens.weight" in state
+        missing = [m for m in missing if not (dense_tied and m == "lm_head.weight")
+                   and m.removesuffix(".weight") not in packed]  # fmt: skip
         if missing or unexpected:
             raise ValueError(f"weights do not match the model: missing {missing}, unexpected {unexpected}")
-        if cfg.tie_word_embeddings:
+        if dense_tied:
             model.lm_head.weight = model.embed_tokens.weight
+        for module_name, weight in packed.items():
+            if not isinstance(weight, torch.Tensor):
+                _swap_in(model, module_name, weight, dtype)
+        if exact_head is not None:
+            model.lm_head = RescoredHead(model.lm_head, exact_head)  # type: ignore[assignment]
         for rope in model.ropes:
             cos, sin = rope_tables(rope, cfg.head_dim, cfg.max_position_embeddings, max_model_len)
             model.rope_cos.append(cos.to(device, dtype))
@@ -94,6 +143,12 @@ class CausalLM(nn.Module):
         if cfg.embed_scale is not None:
             model.embed_scale = torch.tensor(cfg.embed_scale).to(device=device, dtype=dtype)
         return model.eval().requires_grad_(False)
+
+    def set_rotary_dtype(self, dtype: torch.dtype) -> None:
+        """Keep the cos/sin tables in ``dtype``: the KV pool's, when packed projections hand bf16 queries and
+        keys to a bf16 pool (they are rotated in bf16 then, not converted to fp32 and back)."""
+        self.rope_cos = [t.to(dtype) for t in self.rope_cos]
+        self.rope_sin = [t.to(dtype) for t in self.rope_sin]
 
     @property
     def long_rope_offset(self) -> int:
@@ -120,7 +175,7 @@ class CausalLM(nn.Module):
         for layer, kv_cache, table in zip(self.layers, kv_caches, self.layer_rope, strict=True):
             h = layer(h, *rotary[table], kv_cache, meta)
         h = self.norm(h.index_select(0, logits_indices))  # (num_samples, hidden)
-        if h.device.type == "cpu":
+        if h.device.type == "cpu" and isinstance(self.lm_head, nn.Linear):
             # (vocab, hidden) @ (hidden, num_samples): for a few rows (a decode batch, a speculative verify)
             # torch's CPU GEMM is 2-4x faster this way round than F.linear's (rows, hidden) @ (hidden, vocab)
             # (SmolLM2, 5 rows: 4 ms vs 13 ms), and never slower for more rows.
@@ -134,3 +189,33 @@ class CausalLM(nn.Module):
 
 
 LlamaModel = CausalLM  # the name before other families were added
+
+_ROLES: dict[str, Role] = {"lm_head": "lm_head", "embed_tokens": "embedding"}
+
+
+def _tied(source: Source, weights: str) -> dict[str, Materialized]:
+    """The LM head and embedding table of a tied model from their one matrix: one dense float tensor for
+    both (``embed_tokens``; the LM head is tied to it after loading), one packed matrix for both where its
+    form can be gathered, else each in its own form."""
+    head = choose_form("lm_head", source, weights)
+    table = choose_form("embedding", source, weights)
+    if head == table == "float":
+        return {"embed_tokens": materialize(source, "float")}
+    lm_head = materialize(source, head)
+    if head == table and gatherable(lm_head):
+        return {"lm_head": lm_head, "embed_tokens": lm_head}
+    return {"lm_head": lm_head, "embed_tokens": materialize(source, table)}
+
+
+def _swap_in(model: nn.Module, module_name: str, weight: Materialized, dtype: torch.dtype) -> None:
+    """Replace the ``nn.Linear`` / ``nn.Embedding`` at ``module_name`` by its packed counterpart."""
+    parent_name, _, attr = module_name.rpartition(".")
+    parent = model.get_submodule(parent_name) if parent_name else model
+    old = getattr(parent, attr)
+    if isinstance(old, nn.Embedding):
+        assert not isinstance(weight, torch.Tensor)
+        setattr(parent, attr, QuantizedEmbedding(weight, dtype))
+        return
+    assert not isinstance(weight, (torch.Tensor, GGUFRows))
+    bias = old.bias if old.bias is not None and old.bias.device.type != "meta" else None
+    setattr(parent, attr, QuantizedLinear(weight, bias))

@@ -16,19 +16,23 @@ marked for the long-factor rotary table (the scheduler recomputes a request's KV
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
 
 from sluice.engines.llm.attention import AttentionMetadata, plan_cpu_attention
 from sluice.engines.llm.config import EngineConfig, ModelConfig
+from sluice.engines.llm.layers.quantized import PACKED_MODULES, describe_forms
 from sluice.engines.llm.model import CausalLM, KVCache
+from sluice.engines.llm.quant.policy import Source
 from sluice.engines.llm.request import Request
 from sluice.engines.llm.sampling import Sampler, SamplingRow
 from sluice.engines.llm.scheduler_output import ScheduledRequest
 from sluice.engines.llm.speculation import accept_drafts
 from sluice.engines.llm.structured.bitmask import TokenBitmask
 
+log = logging.getLogger(__name__)
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -53,19 +57,39 @@ def resolve_device_dtype(cfg: EngineConfig) -> tuple[torch.device, torch.dtype]:
     return device, torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
 
 
+def kv_cache_dtype(cfg: EngineConfig, model_dtype: torch.dtype, packed: bool, device: torch.device) -> torch.dtype:
+    """The KV pool's dtype: as set, else bf16 for packed CPU weights, else the model's dtype. Only the CPU
+    attention path converts between the two."""
+    if cfg.kv_cache_dtype != "auto":
+        dtype = _DTYPES[cfg.kv_cache_dtype]
+        if dtype != model_dtype and device.type != "cpu":
+            raise ValueError(f"kv_cache_dtype {cfg.kv_cache_dtype} differs from the model's dtype; on {device} "
+                             "leave it auto")  # fmt: skip
+        return dtype
+    return torch.bfloat16 if packed and device.type == "cpu" else model_dtype
+
+
 class ModelRunner:
     """Model + KV pool on one device; ``execute`` runs one step."""
 
     def __init__(
         self,
         model_config: ModelConfig,
-        tensors: dict[str, torch.Tensor],
+        tensors: dict[str, Source],
         engine_config: EngineConfig,
         max_model_len: int,
     ) -> None:
         self.device, self.dtype = resolve_device_dtype(engine_config)
         self.block_size = engine_config.block_size
-        self.model = CausalLM.from_weights(model_config, tensors, max_model_len, self.dtype, self.device)
+        self.model = CausalLM.from_weights(model_config, tensors, max_model_len, self.dtype, self.device,
+                                           engine_config.weights)  # fmt: skip
+        self.has_packed_weights = any(isinstance(m, PACKED_MODULES) for m in self.model.modules())
+        self.kv_dtype = kv_cache_dtype(engine_config, self.dtype, self.has_packed_weights, self.device)
+        if self.has_packed_weights and self.kv_dtype == torch.bfloat16:
+            self.model.set_rotary_dtype(self.kv_dtype)
+        if self.has_packed_weights:
+            log.info("llm weights %s: %s; KV pool %s", engine_config.weights, describe_forms(self.model),
+                     str(self.kv_dtype).removeprefix("torch."))  # fmt: skip
         self.sampler = Sampler(engine_config.seed)
         # CPU: attention planned once per step (attention.py); otherwise the kernels' ops, fed padded
         # block tables. Tests switch this off on the CPU to run the kernel path's plumbing.
@@ -75,7 +99,7 @@ class ModelRunner:
         self.windows = tuple(sorted({w for w in cfg.sliding_windows if w is not None}))  # for the CPU plan
         switch = cfg.long_rope_switch_len
         self.long_rope_switch_len = switch if switch is not None and switch < max_model_len else None
-        elem = torch.tensor([], dtype=self.dtype).element_size()
+        elem = self.kv_dtype.itemsize
         # K and V of every layer for block_size tokens.
         self.bytes_per_block = 2 * cfg.num_layers * self.block_size * cfg.num_kv_heads * cfg.head_dim * elem
         budget = self._kv_budget_bytes(engine_config, model_config)
@@ -87,7 +111,7 @@ class ModelRunner:
         # Zero-filled, not empty: padded gathers read unused slots with zero weight, and NaN * 0 is NaN.
         self.kv_pool = torch.zeros(
             cfg.num_layers, 2, self.num_blocks, self.block_size, cfg.num_kv_heads, cfg.head_dim,
-            dtype=self.dtype, device=self.device,
+            dtype=self.kv_dtype, device=self.device,
         )  # fmt: skip
         self.kv_caches: list[KVCache] = [(self.kv_pool[i, 0], self.kv_pool[i, 1]) for i in range(cfg.num_layers)]
 

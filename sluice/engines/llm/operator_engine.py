@@ -81,6 +81,8 @@ class LLMOptions(BaseModel):
     num_threads: int | None = Field(default=None, ge=1)
     device: str = "auto"
     dtype: str = "auto"
+    # CPU weight form: auto keeps a GGUF's quantisation (Q4 -> int4, Q8_0 & co. -> int8), fp32 dequantises
+    weights: Literal["auto", "fp32", "bf16", "int8", "int4"] = "auto"
     # Prompt-lookup speculative decoding (0 = off): drafts copied from the prompt, verified in the batch.
     num_speculative_tokens: int = Field(default=0, ge=0, le=16)
     speculative_ngram_max: int = Field(default=3, ge=1)
@@ -202,7 +204,7 @@ class LLMEngine(ContinuousEngine):
         try:
             self.llm = LLM(o.model, max_num_seqs=o.max_num_seqs, max_num_batched_tokens=o.max_num_batched_tokens,
                            max_model_len=o.max_model_len, num_threads=o.num_threads, device=o.device,
-                           dtype=o.dtype, num_speculative_tokens=o.num_speculative_tokens,
+                           dtype=o.dtype, weights=o.weights, num_speculative_tokens=o.num_speculative_tokens,
                            speculative_ngram_max=o.speculative_ngram_max,
                            speculative_ngram_min=o.speculative_ngram_min, **extra)
         except (OSError, ValueError, TypeError) as err:

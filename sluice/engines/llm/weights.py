@@ -1,16 +1,22 @@
 """Load a model's weights from a HF safetensors directory or a GGUF file, for any registered family.
 
 Both loaders find the family in the registry (``models/registry.py``), parse its :class:`ModelConfig`, and
-return the tensors under the model's names (``layers.0.self_attn.qkv_proj.weight``...), in float32 on the
-CPU; the model casts them. On the way, per the family's :class:`WeightNames`:
+return the tensors under the model's names (``layers.0.self_attn.qkv_proj.weight``...) on the CPU, as the
+checkpoint holds them: a HF checkpoint's matrices in its own dtype (vectors in float32), a GGUF's float
+tensors in float32 and its quantised ones as raw rows (:class:`~sluice.engines.llm.quant.gguf_blocks.GGUFRows`,
+views of the mapped file). The model converts each into its final form one at a time
+(``quant/policy.py``), so a float32 copy of a quantised or 16-bit checkpoint is never held. On the way, per
+the family's :class:`WeightNames`:
 
 * the decoder's name prefix is stripped (``model.``; ``model.language_model.`` in multimodal checkpoints,
   whose vision towers are skipped), and q/k/v and gate/up rows (weights and biases) are concatenated into
   the fused projections;
 * Gemma norms become ``1 + w`` (HF stores ``w``; llama.cpp's GGUF already stores ``1 + w``);
-* GGUF tensors are dequantised with the ``gguf`` package and renamed from llama.cpp's names; for the
-  ``llama`` architecture the Q/K rows are put back into HF's rotary layout (llama.cpp's converter permutes
-  them so that each head's two rotary halves are interleaved; only its Llama-derived converters do).
+* GGUF tensors are renamed from llama.cpp's names; for the ``llama`` architecture the Q/K rows are put back
+  into HF's rotary layout (llama.cpp's converter permutes them so that each head's two rotary halves are
+  interleaved; only its Llama-derived converters do). Row permutations and row concatenations act on
+  quantised rows exactly (each row is its own run of blocks); parts of one fused projection stored in
+  different types are dequantised to float32 before they are joined.
 """
 
 from __future__ import annotations
@@ -25,9 +31,11 @@ import numpy as np
 import torch
 
 from sluice.engines.llm.config import ModelConfig
-from sluice.engines.llm.gguf_file import GGUFFile
+from sluice.engines.llm.gguf_file import GGUFFile, GGUFTensor
 from sluice.engines.llm.models.common import GGUFMetadata, ModelFamily, eos_ids
 from sluice.engines.llm.models.registry import family_for_gguf, family_for_hf
+from sluice.engines.llm.quant.gguf_rows import FileRows, GGUFRows, cat_rows
+from sluice.engines.llm.quant.policy import Source
 
 _GGUF_NAMES = {
     "token_embd.weight": "embed_tokens.weight",
@@ -52,7 +60,7 @@ def find_gguf(path: str | Path) -> Path | None:
     return None
 
 
-def load_weights(path: str | Path, gguf_file: GGUFFile | None = None) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+def load_weights(path: str | Path, gguf_file: GGUFFile | None = None) -> tuple[ModelConfig, dict[str, Source]]:
     """Load a ``.gguf`` file or a directory holding ``config.json`` and ``*.safetensors``.
 
     ``gguf_file``: that file already opened (its tokenizer is read from the same parse).
@@ -74,7 +82,7 @@ def model_config_from_hf(cfg: dict[str, Any]) -> ModelConfig:
 # ---------------------------------------------------------------- safetensors
 
 
-def load_safetensors_dir(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+def load_safetensors_dir(path: Path) -> tuple[ModelConfig, dict[str, Source]]:
     from safetensors.torch import load_file
 
     raw = json.loads((path / "config.json").read_text())
@@ -91,13 +99,13 @@ def load_safetensors_dir(path: Path) -> tuple[ModelConfig, dict[str, torch.Tenso
     for f in files:
         for name, tensor in load_file(str(f)).items():
             renamed = _hf_name(family, name)
-            if renamed is not None:
-                tensors[renamed] = tensor.float()
+            if renamed is not None:  # matrices stay in the checkpoint's dtype until the model converts them
+                tensors[renamed] = tensor if tensor.dim() >= 2 and tensor.is_floating_point() else tensor.float()
     if family.weights.hf_norm_plus_one:
         for name in tensors:
             if name.endswith("norm.weight"):
                 tensors[name] = 1.0 + tensors[name]
-    return config, fuse(family, tensors)
+    return config, fuse(family, dict[str, Source](tensors))
 
 
 def _hf_name(family: ModelFamily, name: str) -> str | None:
@@ -113,11 +121,11 @@ def _hf_name(family: ModelFamily, name: str) -> str | None:
     raise ValueError(f"unexpected tensor {name!r} for a {family.name} checkpoint")
 
 
-def fuse(family: ModelFamily, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def fuse(family: ModelFamily, tensors: dict[str, Source]) -> dict[str, Source]:
     """Concatenate the family's packed projections (q/k/v -> qkv_proj, gate/up -> gate_up_proj), rows in
     the listed order, weights and biases alike; the parts are removed from ``tensors``."""
     part_of = {part: fused for fused, parts in family.weights.packed.items() for part in parts}
-    groups: dict[tuple[str, str, str], dict[str, torch.Tensor]] = {}
+    groups: dict[tuple[str, str, str], dict[str, Source]] = {}
     for name in list(tensors):
         m = _FUSABLE_RE.match(name)
         if m is not None and m.group(2) in part_of:
@@ -127,8 +135,19 @@ def fuse(family: ModelFamily, tensors: dict[str, torch.Tensor]) -> dict[str, tor
         order = family.weights.packed[fused]
         if set(parts) != set(order):
             raise ValueError(f"{module}: found {sorted(parts)} of {list(order)}; the checkpoint is incomplete")
-        tensors[f"{module}.{fused}.{kind}"] = torch.cat([parts[p] for p in order], dim=0)
+        tensors[f"{module}.{fused}.{kind}"] = _cat_rows([parts[p] for p in order])
     return tensors
+
+
+def _cat_rows(parts: list[Source]) -> Source:
+    """Rows of ``parts`` in order: quantised rows stay quantised when all parts share one GGUF type."""
+    if all(isinstance(p, GGUFRows) for p in parts):
+        rows = [p for p in parts if isinstance(p, GGUFRows)]
+        if len({p.tensor_type for p in rows}) == 1:
+            return cat_rows(rows)
+    floats = [p.to_float() if isinstance(p, GGUFRows) else p for p in parts]
+    dtype = floats[0].dtype if len({f.dtype for f in floats}) == 1 else torch.float32
+    return torch.cat([f.to(dtype) for f in floats], dim=0)
 
 
 # ---------------------------------------------------------------- GGUF
@@ -151,19 +170,17 @@ def unpermute_rotary_rows(w: np.ndarray, num_heads: int) -> np.ndarray:
     return w.reshape(num_heads, head_dim // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def load_gguf(path: Path, file: GGUFFile | None = None) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+def load_gguf(path: Path, file: GGUFFile | None = None) -> tuple[ModelConfig, dict[str, Source]]:
     file = file if file is not None else GGUFFile(path)
     meta = GGUFMetadata(file)
     family = family_for_gguf(meta.arch)
     config = model_config_from_gguf(file)
     layer_names = family.weights.gguf_layer_names
-    tensors: dict[str, torch.Tensor] = {}
+    tensors: dict[str, Source] = {}
     for t in file.tensors:
         if t.name in _GGUF_CONFIG_ONLY:
             continue
-        array = t.to_float32()
-        if not array.flags.writeable or not array.flags.c_contiguous:  # F32 tensors are views of the file
-            array = np.array(array, dtype=np.float32, order="C", copy=True)
+        value = _gguf_value(file.path, t)
         if t.name in _GGUF_NAMES:
             name = _GGUF_NAMES[t.name]
         else:
@@ -173,7 +190,23 @@ def load_gguf(path: Path, file: GGUFFile | None = None) -> tuple[ModelConfig, di
             layer, kind, suffix = m.groups()
             if family.weights.gguf_permute_qk and kind in ("attn_q", "attn_k"):
                 heads = config.num_heads if kind == "attn_q" else config.num_kv_heads
-                array = unpermute_rotary_rows(array, heads)
+                value = _unpermute(value, heads)
             name = f"layers.{layer}.{layer_names[kind]}.{suffix}"
-        tensors[name] = torch.from_numpy(np.ascontiguousarray(array))
+        tensors[name] = value
     return config, fuse(family, tensors)
+
+
+def _gguf_value(path: Path, t: GGUFTensor) -> Source:
+    """A GGUF tensor as the loader returns it: float32 (a copy) for float types, the file's rows for
+    quantised matrices (read when the model converts them)."""
+    if t.is_quantized and len(t.shape) == 2:
+        rows = FileRows(path, t.offset, t.shape[0], int(t.data.shape[-1]))
+        return GGUFRows(t.tensor_type, (t.shape[0], t.shape[1]), (rows,))
+    return torch.from_numpy(np.array(t.to_float32(), dtype=np.float32, order="C", copy=True))
+
+
+def _unpermute(value: Source, num_heads: int) -> Source:
+    if isinstance(value, GGUFRows):
+        order = unpermute_rotary_rows(np.arange(value.shape[0]), num_heads)
+        return value.permuted(torch.from_numpy(order))
+    return torch.from_numpy(np.ascontiguousarray(unpermute_rotary_rows(value.numpy(), num_heads)))

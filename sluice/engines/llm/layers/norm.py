@@ -1,9 +1,15 @@
 """RMSNorm in its two flavours: Llama's (``w * x``, cast before the multiply) and Gemma's (``(1 + w) * x``
-in fp32, cast after), each matching its HF transformers module operation by operation."""
+in fp32, cast after), each matching its HF transformers module operation by operation.
+
+Where the arithmetic is the same, torch's fused ``F.rms_norm`` computes it in one call instead of six
+(``x * rsqrt(mean(x^2) + eps) * w`` in fp32: bit for bit HF's for float32 inputs, and for Gemma's
+multiply-then-cast at any dtype); a Llama norm of bf16 / fp16 activations keeps HF's cast-then-multiply.
+"""
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 
@@ -20,6 +26,8 @@ class RMSNorm(nn.Module):
         return h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., hidden) -> same
+        if x.dtype == torch.float32 and self.weight.dtype == torch.float32:
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         return self.weight * self.normalized(x).to(x.dtype)
 
 
@@ -34,7 +42,7 @@ class GemmaRMSNorm(RMSNorm):
     FP32_PARAMS = ("weight",)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., hidden) -> same
-        return (self.normalized(x) * self.weight).to(x.dtype)
+        return F.rms_norm(x.float(), self.weight.shape, self.weight, self.eps).to(x.dtype)
 
 
 def make_norm(size: int, eps: float, gemma: bool) -> nn.Module:

@@ -3,6 +3,8 @@
 One fused Q/K/V matmul (with biases when the family has them), optional per-head q/k RMSNorm before the
 rotary (Qwen3, Gemma 3), rotary on the first ``rotary_dim`` dims, then :func:`store_and_attend` with this
 layer's :class:`AttentionParams` (scale, sliding window, logit soft-cap), then the output projection.
+Without q/k norms the query and key heads are rotated in one call (the same arithmetic per element: the
+rotation does not mix heads), which halves the rotary's operations per layer.
 """
 
 from __future__ import annotations
@@ -39,12 +41,17 @@ class SelfAttention(nn.Module):
         meta: AttentionMetadata,
     ) -> torch.Tensor:  # (num_tokens, hidden)
         n = x.shape[0]
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(n, self.num_heads, self.head_dim)
-        k = k.view(n, self.num_kv_heads, self.head_dim)
+        qkv = self.qkv_proj(x)  # (n, q_size + 2 * kv_size)
         if self.q_norm is not None and self.k_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        v = v.view(n, self.num_kv_heads, self.head_dim)
-        o = store_and_attend(q, k, v, kv_cache[0], kv_cache[1], meta, self.params)
+            q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+            q = self.q_norm(q.view(n, self.num_heads, self.head_dim))
+            k = self.k_norm(k.view(n, self.num_kv_heads, self.head_dim))
+            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        else:
+            qk = qkv[:, : self.q_size + self.kv_size].view(n, self.num_heads + self.num_kv_heads, self.head_dim)
+            q, k = apply_rotary(qk, cos, sin).split([self.num_heads, self.num_kv_heads], dim=1)
+        v = qkv[:, self.q_size + self.kv_size :].view(n, self.num_kv_heads, self.head_dim)
+        o = store_and_attend(q, k, v, kv_cache[0], kv_cache[1], meta, self.params)  # in q's dtype
+        if isinstance(self.o_proj, nn.Linear) and o.dtype != self.o_proj.weight.dtype:
+            o = o.to(self.o_proj.weight.dtype)  # bf16 attention before a float projection (mixed checkpoints)
         return self.o_proj(o.reshape(n, self.q_size))

@@ -1,0 +1,180 @@
+"""Benchmark: Sluice's LLM engine against llama.cpp's ``llama-server`` and HF ``generate`` on the CPU.
+
+Models: SmolLM2-135M-Instruct Q4_1 (as fetched) and a random-weight Llama-3.2-1B-shaped model as Q4_0 and
+Q8_0 GGUF files written by llama.cpp's own converter and quantiser (``llm_peers_models.py``), so both
+engines read the same file. Workloads (``llm_peers_workloads.py``): labelling (prefill-heavy, one shared
+system prompt), decode-heavy at 1, 8 and 32 requests at once, and extraction (long distinct prompts).
+
+* Sluice: ``LLM(model, weights=...)`` (default ``auto``: the GGUF's quantisation kept), continuous batching
+  and prefix caching, requests added as the workload's concurrency allows; its KV pool holds as many tokens
+  as the largest llama-server setting's context for that workload.
+* llama-server: built once from the sources vendored in the ``llama-cpp-python`` 0.3.36 sdist
+  (``llama_cpp_build.py``: 5-8 minutes on two cores, cached in ``<cache>/tools/``), continuous batching with
+  1, 8, 16 and 32 slots, each slot with room for the workload's longest request, greedy, EOS ignored,
+  requests streamed over HTTP (TTFT from the first streamed token).
+* HF ``generate``: static padded batches (SmolLM2 only unless ``--hf-1b``: the 1B model in float32 takes
+  5 GB).
+
+Every engine uses ``--threads`` threads and ``OMP_WAIT_POLICY=PASSIVE``. Reported per run: output tok/s,
+TTFT p50 / p99, peak RSS; per workload Sluice's ratio to the best llama-server setting. Writes
+``bench/results/llm_peers.json``, ``llm_peers.md`` and ``llm_peers.png``.
+
+    .venv/bin/python bench/llm_peers.py                 # everything (about 40 minutes on 2 quiet cores)
+    .venv/bin/python bench/llm_peers.py --quick         # SmolLM2, small workloads: checks the plumbing
+    .venv/bin/python bench/llm_peers.py --models smollm2 --workloads decode-8,decode-1
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from llm_peers_run import RunResult, environment_note, in_child, run_hf, run_llama_server, run_sluice  # noqa: E402
+from llm_peers_workloads import Workload, build_workloads  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+MODELS = {"smollm2": "SmolLM2-135M Q4_1", "llama1b-q4_0": "Llama-3.2-1B-shaped Q4_0",
+          "llama1b-q8_0": "Llama-3.2-1B-shaped Q8_0"}  # fmt: skip
+
+
+def model_file(name: str) -> str:
+    from llm_peers_models import llama_1b, smollm2
+
+    return smollm2() if name == "smollm2" else llama_1b(name.split("-")[1].upper())
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+def run_workload(model: str, workload: Workload, args: argparse.Namespace, with_hf: bool) -> list[RunResult]:
+    from llama_cpp_build import ensure_built
+
+    server = ensure_built() / "bin" / "llama-server"
+    results = []
+    slots = [s for s in args.slots if s <= max(workload.concurrency, 1) or s == 1]
+    for s in slots:
+        results.append(run_llama_server(server, model, workload, args.threads, s, RESULTS / "llm_peers_logs"))
+        print(f"  {results[-1].engine:<18}{results[-1].tokens_per_s:8.1f} tok/s", flush=True)
+    ctx_per_slot = -(-(workload.max_request_tokens + 16) // 256) * 256
+    kv_tokens = max(slots) * ctx_per_slot
+    for weights in args.weights:
+        engine = "sluice" if weights == "auto" else f"sluice-{weights}"
+        results.append(in_child(engine, workload.name, run_sluice, model, workload, args.threads, weights, kv_tokens,
+                                {"max_num_batched_tokens": args.max_num_batched_tokens}))  # fmt: skip
+        print(f"  {engine:<18}{results[-1].tokens_per_s:8.1f} tok/s", flush=True)
+    if with_hf:
+        for bs in sorted({min(workload.concurrency, 8), min(workload.concurrency, 32)}):
+            results.append(in_child(f"hf-static-{bs}", workload.name, run_hf, model, workload, args.threads, bs))
+            print(f"  {results[-1].engine:<18}{results[-1].tokens_per_s:8.1f} tok/s", flush=True)
+    return results
+
+
+def summarise(model: str, results: list[RunResult]) -> list[dict[str, Any]]:
+    rows = []
+    for workload in dict.fromkeys(r.workload for r in results):
+        runs = [r for r in results if r.workload == workload]
+        best = max((r for r in runs if r.engine.startswith("llama-server")), key=lambda r: r.tokens_per_s)
+        for r in runs:
+            rows.append({"model": model, "workload": workload, "engine": r.engine, "elapsed_s": r.elapsed_s,
+                         "output_tokens": r.output_tokens, "tokens_per_s": r.tokens_per_s,
+                         "ttft_p50_ms": 1000 * statistics.median(r.ttft_s), "ttft_p99_ms": 1000 * percentile(r.ttft_s, 0.99),
+                         "peak_rss_mb": r.peak_rss_mb, "vs_best_llama_server": r.tokens_per_s / best.tokens_per_s,
+                         "rss_vs_best_llama_server": r.peak_rss_mb / best.peak_rss_mb, "best_llama_server": best.engine,
+                         **r.extra})  # fmt: skip
+    return rows
+
+
+def markdown(rows: list[dict[str, Any]], header: str) -> str:
+    lines = [header, "", "| model | workload | engine | out tok/s | TTFT p50 ms | TTFT p99 ms | peak RSS MB | "
+             "tok/s vs best llama-server | RSS vs it |", "|---|---|---|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    for r in rows:
+        lines.append(f"| {r['model']} | {r['workload']} | {r['engine']} | {r['tokens_per_s']:.1f} | "
+                     f"{r['ttft_p50_ms']:.0f} | {r['ttft_p99_ms']:.0f} | {r['peak_rss_mb']:.0f} | "
+                     f"{r['vs_best_llama_server']:.2f}x | {r['rss_vs_best_llama_server']:.2f}x |")  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: list[dict[str, Any]], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    fig, axes = plt.subplots(len(models), 1, figsize=(10, 3.2 * len(models)), squeeze=False)
+    for ax, model in zip(axes[:, 0], models, strict=True):
+        mine = [r for r in rows if r["model"] == model]
+        workloads = list(dict.fromkeys(r["workload"] for r in mine))
+        kinds = {"sluice": lambda e: e == "sluice", "best llama-server": lambda e: e.startswith("llama-server"),
+                 "best HF generate": lambda e: e.startswith("hf-")}  # fmt: skip
+        for k, (label, match) in enumerate(kinds.items()):
+            values = [max((r["tokens_per_s"] for r in mine if r["workload"] == w and match(r["engine"])), default=0.0)
+                      for w in workloads]  # fmt: skip
+            ax.bar([i + 0.27 * (k - 1) for i in range(len(workloads))], values, width=0.27, label=label)
+        ax.set_xticks(range(len(workloads)), workloads)
+        ax.set_ylabel("output tok/s")
+        ax.set_title(model)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+
+
+def main(argv: list[str] | None = None) -> None:
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # spinning OpenMP waiters steal a shared core
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--models", default="smollm2,llama1b-q4_0,llama1b-q8_0")
+    ap.add_argument("--workloads", default=None, help="comma-separated names (default: all)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--slots", default="1,8,16,32", help="llama-server slot counts (those above a workload's "
+                    "concurrency are skipped)")  # fmt: skip
+    ap.add_argument("--weights", default="auto", help="Sluice weight modes to run, comma-separated")
+    ap.add_argument("--max-num-batched-tokens", type=int, default=512)
+    ap.add_argument("--scale-1b", type=float, default=0.25, help="workload size for the 1B model (1 = SmolLM2's)")
+    ap.add_argument("--no-hf", action="store_true")
+    ap.add_argument("--hf-1b", action="store_true", help="also HF generate on the 1B model (fp32: 5 GB)")
+    ap.add_argument("--quick", action="store_true", help="small workloads on SmolLM2: checks the plumbing")
+    ap.add_argument("--out", default=str(RESULTS / "llm_peers"), help="path prefix of the .json/.md/.png")
+    args = ap.parse_args(argv)
+    args.slots = [int(s) for s in args.slots.split(",")]
+    args.weights = args.weights.split(",")
+    names = ["smollm2"] if args.quick else args.models.split(",")
+    from sluice.engines.llm.tokenizer import ChatTokenizer
+
+    rows: list[dict[str, Any]] = []
+    for name in names:
+        model = model_file(name)
+        scale = 0.1 if args.quick else (1.0 if name == "smollm2" else args.scale_1b)
+        workloads = build_workloads(ChatTokenizer.from_path(model), scale,
+                                    decode_concurrency=(1, 8) if args.quick else (1, 8, 32))  # fmt: skip
+        if args.workloads:
+            workloads = [w for w in workloads if w.name in args.workloads.split(",")]
+        for w in workloads:
+            print(f"{MODELS[name]} / {w.name}: {len(w.prompts)} requests, {w.concurrency} at once, "
+                  f"{sum(map(len, w.prompts))} prompt tokens, {w.num_output_tokens} output tokens "
+                  f"(load {os.getloadavg()[0]:.2f})", flush=True)  # fmt: skip
+            with_hf = not args.no_hf and (name == "smollm2" or args.hf_1b)
+            rows += summarise(MODELS[name], run_workload(model, w, args, with_hf))
+    facts = {"threads": args.threads, "machine": platform.platform(), "cpus": os.cpu_count(), **environment_note()}
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps({"facts": facts, "rows": rows}, indent=2) + "\n")
+    header = (f"Sluice vs llama-server vs HF generate, {args.threads} threads, load average at the end "
+              f"{facts['load_avg'][0]:.2f} / {facts['load_avg'][1]:.2f} / {facts['load_avg'][2]:.2f}")  # fmt: skip
+    text = markdown(rows, header)
+    out.with_suffix(".md").write_text(text)
+    plot(rows, out.with_suffix(".png"))
+    print("\n" + text + f"\nwrote {out}.json, .md, .png")
+
+
+if __name__ == "__main__":
+    main()

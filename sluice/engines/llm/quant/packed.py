@@ -1,0 +1,193 @@
+"""Weights kept packed on the CPU: dense bf16, int8 per output channel, int4 per group of 32 input values.
+
+Every :class:`PackedWeight` stands for a matrix ``W`` ``(out_features, in_features)`` and offers:
+
+* ``matmul(x)``: ``x @ W.T`` for ``x`` ``(num_rows, in_features)`` of any float dtype, returned in bf16. The
+  CPU kernels (torch's ``_weight_int4pack_mm_for_cpu`` / ``_weight_int8pack_mm`` and oneDNN's bf16 GEMM) are
+  fast only with bf16 activations -- with float32 or float16 ones torch falls back to scalar loops 20-100x
+  slower -- so ``x`` goes in as bf16 and the result (accumulated in fp32 inside the kernel) comes out rounded
+  to bf16. That rounding (8 significant bits) is the price of these modes against ``weights: fp32``. The
+  result stays bf16: the next matmul takes it as it is, and torch's type promotion lifts it into a float32
+  residual stream without a separate conversion.
+* ``rows(ids)``: rows of ``W`` as float32, for embeddings that share the LM head's matrix.
+* ``nbytes``: the memory it holds.
+
+Layouts:
+
+* :class:`Int4Weight`: ``w = (q - 8) * scale + zero`` per group of 32 along ``in_features``, ``q`` in
+  ``0..15``; torch's packed CPU layout ``(N, K / 2)`` uint8 (rows interleaved in tiles of 64, which is why
+  rows are packed in chunks of a multiple of 64), ``scale_zero`` ``(K / 32, N, 2)`` bf16. From a GGUF Q4
+  tensor it is the same ``q`` with ``scale = d`` and ``zero = offset + 8 * d`` (:func:`~.gguf_blocks.affine_int4`),
+  so only the scales and zero points are rounded (to bf16); from floats, each group's min and max map to
+  ``q = 0`` and ``q = 15`` (asymmetric).
+* :class:`Int8Weight`: ``w = q * scale[row]``, ``q`` in ``-127..127``, ``scale`` bf16, at least
+  ``absmax / 127`` so that no value clips; symmetric.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Protocol
+
+import torch
+
+from sluice.engines.llm.quant.gguf_blocks import GROUP, affine_int4
+from sluice.engines.llm.quant.gguf_rows import GGUFRows
+
+COMPUTE_DTYPE = torch.bfloat16  # what the packed CPU kernels take as activations, scales and zero points
+# Rows converted at a time: bounds the int32 / float32 temporaries of a large matrix. The int4 layout packs
+# tiles of 64 rows together, so chunks must be a multiple of 64 for their packings to concatenate.
+_PACK_ROWS = 4096
+_ROW_TILE = 16  # the int4 layout needs a multiple of this many rows
+
+
+class PackedWeight(Protocol):
+    out_features: int
+    in_features: int
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:  # (M, in) any float dtype -> (M, out) bf16
+        ...
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:  # (*ids.shape, in) float32
+        ...
+
+    @property
+    def nbytes(self) -> int: ...
+
+
+def row_chunks(source: torch.Tensor | GGUFRows) -> Iterator[torch.Tensor]:
+    """``source`` as float32 chunks of ``_PACK_ROWS`` rows: no float32 copy of a whole matrix is ever held."""
+    for start in range(0, source.shape[0], _PACK_ROWS):
+        if isinstance(source, GGUFRows):
+            yield source.to_float(start, start + _PACK_ROWS)
+        else:
+            yield source[start : start + _PACK_ROWS].float()
+
+
+def _to_compute(x: torch.Tensor) -> torch.Tensor:
+    return x if x.dtype == COMPUTE_DTYPE else x.to(COMPUTE_DTYPE)
+
+
+class DenseWeight:
+    """``W`` stored in bf16 (``weights: bf16``, or a GGUF F16/BF16 tensor under ``weights: auto``)."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        self.weight = weight  # (N, K) bf16
+        self.out_features, self.in_features = self.weight.shape
+
+    @classmethod
+    def convert(cls, source: torch.Tensor | GGUFRows) -> DenseWeight:
+        return cls(torch.cat([chunk.to(COMPUTE_DTYPE) for chunk in row_chunks(source)]))
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.matmul(_to_compute(x), self.weight.T)
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.embedding(ids, self.weight).float()
+
+    @property
+    def nbytes(self) -> int:
+        return self.weight.numel() * self.weight.element_size()
+
+
+class Int8Weight:
+    """``W = q * scale[row]``; see the module docstring."""
+
+    def __init__(self, q: torch.Tensor, scale: torch.Tensor) -> None:
+        self.q = q  # (N, K) int8
+        self.scale = scale  # (N,) bf16
+        self.out_features, self.in_features = q.shape
+
+    @classmethod
+    def quantize(cls, source: torch.Tensor | GGUFRows) -> Int8Weight:
+        """Symmetric per-row int8 of a float matrix or a GGUF tensor of any type (its values re-quantised)."""
+        qs, scales = [], []
+        for chunk in row_chunks(source):  # (rows, K) float32
+            # bf16 (the kernel's scale dtype) rounds to nearest; aiming 2^-8 high keeps it >= absmax / 127,
+            # so no value clips
+            scale = (chunk.abs().amax(dim=1) * ((1 + 2**-8) / 127.0)).to(COMPUTE_DTYPE)
+            safe = torch.where(scale > 0, scale.float(), torch.ones(scale.shape))
+            qs.append(torch.round(chunk / safe.unsqueeze(1)).clamp_(-127, 127).to(torch.int8))
+            scales.append(scale)
+        return cls(torch.cat(qs), torch.cat(scales))
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.aten._weight_int8pack_mm(_to_compute(x), self.q, self.scale)
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.q[ids].float() * self.scale[ids].float().unsqueeze(-1)
+
+    @property
+    def nbytes(self) -> int:
+        return self.q.numel() + self.scale.numel() * 2
+
+
+class Int4Weight:
+    """``W = (q - 8) * scale + zero`` per group of 32 input values; see the module docstring."""
+
+    group_size = GROUP
+
+    def __init__(self, packed: torch.Tensor, scale_zero: torch.Tensor, out_features: int) -> None:
+        self.packed = packed  # (N_padded, K / 2) uint8, torch's CPU int4 layout
+        self.scale_zero = scale_zero  # (K / 32, N_padded, 2) bf16
+        self.out_features = out_features
+        self.in_features = packed.shape[1] * 2
+
+    @staticmethod
+    def supports(shape: tuple[int, int]) -> bool:
+        """Whether a ``(N, K)`` matrix fits the kernel (K a multiple of the group size)."""
+        return shape[1] % GROUP == 0
+
+    @classmethod
+    def from_affine(cls, q: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor) -> Int4Weight:
+        """``w = q * scale + offset`` per group (``q`` ``(N, K)`` in 0..15, the others ``(N, K / 32)``)."""
+        return cls._pack([(q, scale, offset)], q.shape[0])
+
+    @classmethod
+    def from_gguf(cls, rows: GGUFRows) -> Int4Weight:
+        """Repack a Q4_0 / Q4_1 / Q4_K tensor (its quants as they are), chunk by chunk."""
+        parts = [affine_int4(rows.tensor_type, rows.read(start, min(start + _PACK_ROWS, rows.num_rows)))
+                 for start in range(0, rows.num_rows, _PACK_ROWS)]  # fmt: skip
+        return cls._pack(parts, rows.num_rows)
+
+    @classmethod
+    def quantize(cls, source: torch.Tensor | GGUFRows) -> Int4Weight:
+        """Asymmetric int4 of a float matrix (or a GGUF tensor's values): each group's [min, max] onto 0..15,
+        as GGUF's Q4_1 does."""
+        parts = []
+        for chunk in row_chunks(source):
+            g = chunk.reshape(chunk.shape[0], -1, GROUP)
+            lo = g.amin(dim=-1)
+            scale = (g.amax(dim=-1) - lo) / 15.0
+            safe = torch.where(scale > 0, scale, torch.ones_like(scale))
+            q = torch.round((g - lo.unsqueeze(-1)) / safe.unsqueeze(-1)).clamp_(0, 15).to(torch.uint8)
+            parts.append((q.reshape(g.shape[0], -1), scale, lo))
+        return cls._pack(parts, source.shape[0])
+
+    @classmethod
+    def _pack(cls, parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]], num_rows: int) -> Int4Weight:
+        """Pack ``(q, scale, offset)`` row chunks (each a multiple of 64 rows but the last: _PACK_ROWS)."""
+        packed, scale_zero = [], []
+        for q, scale, offset in parts:
+            n = q.shape[0]
+            pad = -n % _ROW_TILE
+            qi = q.to(torch.int32)
+            if pad:  # the layout needs whole row tiles: zero rows, sliced off after the matmul
+                qi = torch.cat([qi, torch.zeros(pad, q.shape[1], dtype=torch.int32)])
+                scale = torch.cat([scale, torch.zeros(pad, scale.shape[1])])
+                offset = torch.cat([offset, torch.zeros(pad, offset.shape[1])])
+            packed.append(torch.ops.aten._convert_weight_to_int4pack_for_cpu(qi, 1))
+            zero = offset + 8.0 * scale
+            scale_zero.append(torch.stack([scale.T, zero.T], dim=-1).to(COMPUTE_DTYPE))
+        return cls(torch.cat(packed), torch.cat(scale_zero, dim=1).contiguous(), num_rows)
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(_to_compute(x), self.packed, GROUP, self.scale_zero)
+        return y if y.shape[1] == self.out_features else y[:, : self.out_features]
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError("int4 weights are not gathered; embeddings keep their own copy")
+
+    @property
+    def nbytes(self) -> int:
+        return self.packed.numel() + self.scale_zero.numel() * 2
