@@ -61,6 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--min-ratio", type=float, default=0.97)
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "embed_baseline.json")
     args, bench_args = parser.parse_known_args(argv)
+    if not any(arg.startswith("--quantize") for arg in bench_args):
+        bench_args += ["--quantize", "none"]  # float32 only: older revisions have no quantize option
 
     with tempfile.TemporaryDirectory(prefix="sluice-embed-baseline-") as tmp:
         sides = {"baseline": extract(args.baseline, Path(tmp)), "this": ROOT}

@@ -117,8 +117,10 @@ def _build_engine(model: str, threads: int, quantize: str = "none") -> Any:
     from sluice.engines.base import EngineContext
     from sluice.engines.onnx import ENGINE_TYPE, OnnxOptions
 
+    # quantize only when asked: bench/embed_baseline.py runs this script against revisions without it
+    extra = {} if quantize == "none" else {"quantize": quantize}
     options = OnnxOptions(model=model, providers=["cuda", "cpu"], intra_op_num_threads=threads,
-                          inter_op_num_threads=1, quantize=quantize)
+                          inter_op_num_threads=1, **extra)
     engine = ENGINE_TYPE.factory(options, EngineContext(max_batch_size=64))
     engine.start()
     return engine
