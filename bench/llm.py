@@ -1,6 +1,7 @@
 """Benchmark: Sluice's LLM engine vs HF transformers ``generate`` with static padded batches (CPU).
 
-Workload: SmolLM2-135M-Instruct (GGUF Q4_1, run in fp32), 64 review-labelling chat prompts that share one
+Workload: SmolLM2-135M-Instruct (GGUF Q4_1; Sluice keeps its weights as the engine's ``weights`` default
+says -- ``auto``: repacked int4 -- or as ``--weights`` asks; HF dequantises to fp32), 64 review-labelling chat prompts that share one
 system prompt, each with its own ``max_tokens`` between 1 and 48 (deterministic), greedy, EOS ignored so
 both engines produce exactly the same number of useful tokens: ``sum(max_tokens)``.
 
@@ -71,13 +72,15 @@ def _peak_rss_mb() -> float:
 
 
 def run_sluice(model: str, prompts: list[list[int]], max_tokens: list[int], threads: int, repeats: int,
-               budget: int) -> dict[str, Any]:  # fmt: skip
+               budget: int, weights: str | None = None) -> dict[str, Any]:  # fmt: skip
     import torch
 
     from sluice.engines.llm import LLM, SamplingParams
 
     torch.set_num_threads(threads)
-    llm = LLM(model, max_num_seqs=64, max_num_batched_tokens=budget)
+    # weights only when asked: older revisions (compared against with PYTHONPATH) have no such option
+    extra = {} if weights is None else {"weights": weights}
+    llm = LLM(model, max_num_seqs=64, max_num_batched_tokens=budget, **extra)
     llm.generate([prompts[0]], SamplingParams(max_tokens=4, ignore_eos=True))  # warm-up
     params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in max_tokens]
     times = []
@@ -163,6 +166,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2, help="timed runs per engine; the best one is reported")
     ap.add_argument("--max-num-batched-tokens", type=int, default=512,
                     help="Sluice's token budget per step (512 saturates a CPU's matmuls)")
+    ap.add_argument("--weights", default=None, help="Sluice's weights mode (default: the engine's, auto)")
+    ap.add_argument("--no-hf", action="store_true", help="Sluice only (no HF generate rows)")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "llm.json"))
     args = ap.parse_args()
 
@@ -174,14 +179,14 @@ def main() -> None:
     prompts = [tok.encode(tok.apply_chat_template(c)) for c in chats]
 
     results = [_in_child(run_sluice, model, prompts, max_tokens, args.threads, args.repeats,
-                         args.max_num_batched_tokens)]  # fmt: skip
-    for bs in (8, 32):
+                         args.max_num_batched_tokens, args.weights)]  # fmt: skip
+    for bs in () if args.no_hf else (8, 32):
         results.append(_in_child(run_hf, model, prompts, max_tokens, args.threads, args.repeats, bs))
 
     ours = results[0]
-    best_hf = max((r for r in results[1:]), key=lambda r: r["output_tokens"] / r["elapsed_s"])
+    best_hf = max(results[1:] or results, key=lambda r: r["output_tokens"] / r["elapsed_s"])
     agree = sum(a == b for a, b in zip(ours["outputs"], best_hf["outputs"], strict=True))
-    print(f"\nSmolLM2-135M fp32, {len(prompts)} prompts ({sum(len(p) for p in prompts)} prompt tokens), "
+    print(f"\nSmolLM2-135M Q4_1, Sluice weights {args.weights or 'default'}, {len(prompts)} prompts ({sum(len(p) for p in prompts)} prompt tokens), "
           f"max_tokens 1..48 (sum {sum(max_tokens)}), {args.threads} torch threads, "
           f"OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}\n")  # fmt: skip
     print(f"{'engine':<16}{'time s':>9}{'out tok/s':>11}{'vs best HF':>12}{'peak RSS MB':>13}")
@@ -194,7 +199,7 @@ def main() -> None:
           f"{ours['num_preemptions']}; steps: {ours['num_steps']}")  # fmt: skip
     print(f"greedy outputs identical to {best_hf['engine']}: {agree}/{len(prompts)}")
     summary = {
-        "model": "SmolLM2-135M-Instruct Q4_1 (dequantised, fp32)", "num_prompts": len(prompts),
+        "model": "SmolLM2-135M-Instruct Q4_1", "weights": args.weights or "default", "num_prompts": len(prompts),
         "threads": args.threads, "repeats": args.repeats, "omp_wait_policy": os.environ["OMP_WAIT_POLICY"],
         "max_num_batched_tokens": args.max_num_batched_tokens, "sum_max_tokens": sum(max_tokens), "machine": platform.platform(),
         "identical_outputs_vs_best_hf": agree,
@@ -223,7 +228,7 @@ def timed_generate(llm: Any, prompts: list[list[int]], params: Any) -> tuple[flo
 
 def run_facts(threads: int, repeats: int) -> dict[str, Any]:
     """What every SmolLM2 benchmark summary records about how it ran (call it at the end of the run)."""
-    return {"model": "SmolLM2-135M-Instruct Q4_1 (dequantised, fp32)", "threads": threads, "repeats": repeats,
+    return {"model": "SmolLM2-135M-Instruct Q4_1 (the engine's default weights)", "threads": threads, "repeats": repeats,
             "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "machine": platform.platform(),
             "load_avg_at_end": os.getloadavg()}
 

@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> None:
         results.append({"workload": "labelling", "max_num_seqs": max_num_seqs,
                         **run_pair(model, lab, label_max, True, *common)})  # fmt: skip
         print(f"max_num_seqs {max_num_seqs} done", flush=True)
-    print(f"\nSmolLM2-135M fp32, {args.num_prompts} prompts per workload, k={args.num_speculative_tokens}, "
+    print(f"\nSmolLM2-135M Q4_1 (default weights), {args.num_prompts} prompts per workload, k={args.num_speculative_tokens}, "
           f"{args.threads} torch threads, load average at the end {os.getloadavg()[0]:.1f}\n")  # fmt: skip
     print(f"{'workload':<12}{'seqs':>5}{'out tokens':>11}{'off tok/s':>11}{'on tok/s':>10}{'speedup':>9}"
           f"{'accepted':>10}{'steps off/on':>14}{'identical':>11}")  # fmt: skip

@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> None:
         results.append({"max_num_seqs": max_num_seqs, **run_pair(model, prompts, args.max_tokens, max_num_seqs,
                                                                   args.repeats, args.max_num_batched_tokens)})
         print(f"max_num_seqs {max_num_seqs} done", flush=True)
-    print(f"\nSmolLM2-135M fp32, {len(prompts)} prompts, JSON Schema with {len(FIELDS)} required fields, "
+    print(f"\nSmolLM2-135M Q4_1 (default weights), {len(prompts)} prompts, JSON Schema with {len(FIELDS)} required fields, "
           f"{args.threads} torch threads, load average at the end {os.getloadavg()[0]:.1f}\n")
     print(f"{'seqs':>5}{'out tokens':>11}{'free tok/s':>12}{'schema tok/s':>14}{'ratio':>7}{'mask ms/step':>14}"
           f"{'rows/step':>11}{'step ms':>9}{'identical':>11}")
