@@ -45,7 +45,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, Spa
 
 from sluice.config import Tracing, parse_pipeline  # noqa: E402
 from sluice.operator.build import build_runner  # noqa: E402
-from sluice.schemas.schema_format import no_subject  # noqa: E402
+from sluice.schemas.subjects import no_subject  # noqa: E402
 from sluice.telemetry import build_observer  # noqa: E402
 from tests.support.kafka import create_topic, produce, unique_topic  # noqa: E402
 

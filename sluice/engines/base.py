@@ -3,8 +3,8 @@
 Two kinds of engine share one operator:
 
 * :class:`BatchEngine` -- the batcher decides the batch; ``infer`` returns one result per input, in order.
-* Continuous engines (the LLM engine) take requests one by one and advance them step by step; their
-  contract lives beside them in ``sluice.engines.llm``.
+* :class:`ContinuousEngine` (the LLM engine, ``sluice.engines.llm.operator_engine``) -- requests are added
+  one by one as there is room and advanced step by step; each comes back from ``step`` when it finishes.
 
 Lifecycle, as driven by the runner (``sluice.operator.runner``)::
 
@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from sluice.engines.identity import ModelSource, code_source
@@ -64,7 +64,6 @@ class EngineContext:
     max_batch_size: int  # the batcher never hands ``infer`` more items than this
     max_batch_tokens: int | None = None  # cap on batch size x padded length, when length-aware batching is on
     pipeline_dir: str = "."  # directory of the pipeline file; relative model paths resolve against it
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class ModelInfo:
@@ -173,10 +172,6 @@ class ContinuousEngine(ModelInfo, ABC):
     @abstractmethod
     def step(self) -> list[tuple[Any, Any]]:
         """Advance every running request by one step; return (key, result or Exception) of those finished."""
-
-    @abstractmethod
-    def has_unfinished(self) -> bool:
-        """True while some added request has not come back from ``step``."""
 
     @abstractmethod
     def abort(self, key: Any) -> None:

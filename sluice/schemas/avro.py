@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from sluice.schemas.derived_format import DerivedSchemaFormat
 from sluice.schemas.result_types import avro_type, merged_avro_record, result_avro_record
-from sluice.schemas.schema_format import DerivedSchemaFormat, no_subject
+from sluice.schemas.subjects import no_subject
 
 
 class AvroFormat(DerivedSchemaFormat):

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from sluice.schemas.derived_format import DerivedSchemaFormat
 from sluice.schemas.result_types import merged_json_schema, result_json_schema
-from sluice.schemas.schema_format import DerivedSchemaFormat, no_subject
+from sluice.schemas.subjects import no_subject
 
 
 class JsonSchemaFormat(DerivedSchemaFormat):

@@ -1,5 +1,6 @@
 """Records framed for a Schema Registry (a magic byte and a schema id before the payload): what the avro,
-protobuf and json_schema formats share. Each format is one subclass in a module of its own.
+protobuf and json_schema formats share. Each format is one subclass in a module of its own (avro and
+json_schema through :mod:`sluice.schemas.derived_format`); subjects are named in :mod:`sluice.schemas.subjects`.
 
 Per record, on the intake thread, :meth:`SchemaFormat.decode` reads the schema id, finds the record's
 :class:`OutputWriter` in a dict keyed by that id, and runs confluent-kafka's deserializer (whose client
@@ -22,7 +23,6 @@ What goes wrong, and where it ends (sluice/schemas/registry.py sorts the registr
 
 from __future__ import annotations
 
-import json
 import logging
 import struct
 from abc import ABC, abstractmethod
@@ -32,7 +32,6 @@ from typing import Any, Protocol
 
 from sluice.config import Codec, Output
 from sluice.schemas.errors import CodecError
-from sluice.schemas.output_shape import OutputShape
 from sluice.schemas.registry import (
     RegistryUnavailable,
     SchemaRejected,
@@ -40,11 +39,12 @@ from sluice.schemas.registry import (
     registry_call,
     unavailable_reason,
 )
+from sluice.schemas.subjects import OutputSubject
 
 log = logging.getLogger(__name__)
 
-_MAX_REFUSED_IDS = 1024
-_MAX_START_VERSIONS = 50  # input schema versions whose outputs are set up at start  # schema ids remembered as unknown or refused (garbage bytes can name any id)
+_MAX_REFUSED_IDS = 1024  # schema ids remembered as unknown or refused (garbage bytes can name any id)
+_MAX_START_VERSIONS = 50  # input schema versions whose outputs are set up at start
 
 
 class SchemaSetupError(Exception):
@@ -71,44 +71,6 @@ class _Refused:
 
     stage: str
     reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class OutputSubject:
-    """Where output schemas are registered: the output topic and confluent-kafka's subject strategy."""
-
-    topic: str
-    strategy: str  # topic | record | topic_record
-
-    @property
-    def serializer_conf(self) -> dict[str, Any]:
-        return {"subject.name.strategy.type": {"topic": "TOPIC", "record": "RECORD",
-                                               "topic_record": "TOPIC_RECORD"}[self.strategy]}
-
-    def subject(self, record_name: str | None) -> str:
-        """The subject a serializer of this topic and strategy registers ``record_name``'s schema under."""
-        from confluent_kafka.schema_registry import (
-            record_subject_name_strategy,
-            topic_record_subject_name_strategy,
-            topic_subject_name_strategy,
-        )
-        strategy = {"topic": topic_subject_name_strategy, "record": record_subject_name_strategy,
-                    "topic_record": topic_record_subject_name_strategy}[self.strategy]
-        subject = strategy(self.context(), record_name)
-        if subject is None:  # the record strategies need a record name
-            raise ValueError(f"subject_name_strategy {self.strategy} needs a named output schema")
-        return str(subject)
-
-    def context(self) -> Any:
-        from confluent_kafka.serialization import MessageField, SerializationContext
-
-        return SerializationContext(self.topic, MessageField.VALUE)
-
-
-def no_subject(ctx: Any, record_name: Any) -> None:
-    """Deserializers' subject strategy: records are read by their schema id alone, with no per-record subject
-    (which would look up the subject's latest version and run its rules)."""
-    return None
 
 
 class SchemaFormat(ABC):
@@ -282,96 +244,4 @@ class SchemaFormat(ABC):
         return refused
 
 
-class DictWriter:
-    """Output records of one output schema, for formats whose records are dicts (avro, json_schema): the
-    serializer and its context are made once."""
-
-    __slots__ = ("serialize", "ctx", "shape")
-
-    def __init__(self, serializer: Any, ctx: Any, shape: OutputShape) -> None:
-        self.serialize, self.ctx, self.shape = serializer, ctx, shape
-
-    def write(self, record: Any, result: Any) -> bytes:
-        value: bytes = self.serialize(self.shape.document(record, result), self.ctx)
-        return value
-
-
-class DerivedSchemaFormat(SchemaFormat):
-    """Formats whose records are dicts and whose output schema is derived from the input's (avro,
-    json_schema), unless ``sink.output.schema_file`` gives it."""
-
-    _given: OutputWriter | None = None  # from sink.output.schema_file
-
-    @abstractmethod
-    def derive(self, input_schema: Any, result_schema: dict[str, Any]) -> dict[str, Any]:
-        """The output schema for records of ``input_schema`` (parsed JSON). Raises ValueError."""
-
-    @abstractmethod
-    def record_name(self, out_schema: dict[str, Any]) -> str | None:
-        """The name the record and topic_record subject strategies use for ``out_schema``."""
-
-    @abstractmethod
-    def serializer(self, schema: Any) -> Any:
-        """confluent-kafka's serializer for the registry Schema ``schema`` (registered already)."""
-
-    def field(self, record: Any, path: tuple[str, ...]) -> Any:
-        return dict_field(record, path)
-
-    def start(self, input_topics: list[str]) -> None:
-        if self.output.schema_file is not None and not self.writes_json:
-            text = read_schema_file(self.base_dir, self.output.schema_file)
-            try:
-                self._given = self._register(json.loads(text), [])
-            except (ValueError, RegistryUnavailable, SchemaRejected) as err:
-                raise SchemaSetupError(f"sink.output.schema_file {self.output.schema_file}: {err}") from None
-        super().start(input_topics)
-
-    def writer_for(self, schema: Any) -> OutputWriter | None:
-        if self.writes_json:
-            return None
-        if self._given is not None:
-            return self._given
-        if self.result_schema is None:
-            raise ValueError("the engine does not say what its results look like, so the output schema cannot be "
-                             "derived: give sink.output.schema_file (or, for the python engine, "
-                             "engine.result_schema)")
-        return self._register(self.derive(json.loads(schema.schema_str), self.result_schema), schema.references)
-
-    def _register(self, out_schema: dict[str, Any], references: Any) -> OutputWriter:
-        """Register ``out_schema`` under the output subject (the registry checks its compatibility there), then
-        make the serializer, whose first call finds the id in the client's cache instead of asking again."""
-        from confluent_kafka.schema_registry import Schema
-
-        sr_schema = Schema(json.dumps(out_schema), self.schema_type, references or [])
-        subject = self.out.subject(self.record_name(out_schema))
-        registry_call(lambda: self.client.register_schema(subject, sr_schema),
-                      f"registering the output schema under subject {subject}")
-        try:
-            serializer = self.serializer(sr_schema)
-        except Exception as err:  # fastavro's SchemaParseException, jsonschema's SchemaError...
-            raise ValueError(f"the output schema does not parse: {err}") from None
-        return DictWriter(serializer, self.out.context(), OutputShape.of(self.output))
-
-
 _MISSING: Any = object()
-
-
-def dict_field(record: Any, path: tuple[str, ...]) -> Any:
-    """A dotted path into nested dicts; a missing or null part raises KeyError."""
-    value = record
-    for part in path:
-        if not isinstance(value, dict):
-            raise KeyError(part)
-        value = value.get(part)
-        if value is None:
-            raise KeyError(part)
-    return value
-
-
-def read_schema_file(base_dir: Path, name: str) -> str:
-    """The text of ``sink.output.schema_file`` (relative to the pipeline file). Raises SchemaSetupError."""
-    path = Path(name) if Path(name).is_absolute() else base_dir / name
-    try:
-        return path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        raise SchemaSetupError(f"sink.output.schema_file: cannot read {path}: {err}") from None

@@ -252,9 +252,6 @@ class Continuous(ContinuousEngine):
         done, self.running = self.running, []
         return [(k, LookupError("no answer") if item == "STEP:FAIL" else f"<{item}>") for k, item in done]
 
-    def has_unfinished(self) -> bool:
-        return bool(self.running)
-
     def abort(self, key: Any) -> None:
         self.running = [(k, i) for k, i in self.running if k != key]
 

@@ -115,9 +115,6 @@ class Stepper(ContinuousEngine):
                 del self.running[key]
         return done
 
-    def has_unfinished(self) -> bool:
-        return bool(self.running)
-
     def abort(self, key: Any) -> None:
         self.running.pop(key, None)
 

@@ -157,7 +157,7 @@ def test_an_llm_swapped_mid_stream_finishes_what_it_started_and_each_answer_is_i
         answers: dict[int, str] = {}
         for key, item in enumerate(engine.prepare(texts)):
             engine.add(key, item)
-        while engine.has_unfinished():
+        while engine.llm.has_unfinished():
             answers.update(engine.step())
         engine.close()
         expected[content_digest(path)[:12]] = {texts[k]: a for k, a in answers.items()}

@@ -165,9 +165,6 @@ class Crashing(ContinuousEngine):
         done, self.waiting = self.waiting[:1], self.waiting[1:]  # one request finishes per step
         return [(key, str(item).upper()) for key, item in done]
 
-    def has_unfinished(self) -> bool:
-        return bool(self.waiting)
-
     def abort(self, key: Any) -> None:
         self.aborted.append(key)
 

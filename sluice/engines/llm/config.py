@@ -12,8 +12,14 @@ windows, soft-capping, rope scaling, partial rotary).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal, get_args
 
-WEIGHT_MODES = ("auto", "fp32", "bf16", "int8", "int4")  # see quant/policy.py
+# The allowed values of EngineConfig's string settings, as types: the pipeline options (operator_options.py)
+# take the same ones, so `sluice validate` refuses what the engine would refuse at start.
+WeightMode = Literal["auto", "fp32", "bf16", "int8", "int4"]  # see quant/policy.py
+DTypeName = Literal["auto", "float32", "float16", "bfloat16"]
+WEIGHT_MODES: tuple[str, ...] = get_args(WeightMode)
+DTYPE_NAMES: tuple[str, ...] = get_args(DTypeName)
 ROPE_SCALINGS = ("default", "linear", "dynamic", "llama3", "longrope", "yarn")
 ACTIVATIONS = ("silu", "gelu_tanh", "gelu")
 
@@ -164,13 +170,13 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     kv_cache_memory_bytes: int | None = None  # explicit KV pool size; overrides the fraction below
     gpu_memory_utilization: float = 0.9  # CUDA only: fraction of free memory the KV pool may take
-    dtype: str = "auto"  # "auto" (fp32 on CPU, bf16/fp16 on CUDA), "float32", "float16", "bfloat16"
+    dtype: DTypeName = "auto"  # "auto" (fp32 on CPU, bf16/fp16 on CUDA), "float32", "float16", "bfloat16"
     # form of the projections, LM head and embeddings on the CPU (quant/policy.py): "auto" keeps a GGUF's
     # quantisation where a kernel exists, "fp32" dequantises all, "bf16", "int8", "int4" convert all
-    weights: str = "auto"
+    weights: WeightMode = "auto"
     # dtype of the KV pool: "auto" = bf16 on the CPU when weights are packed (their matmuls take bf16 inputs
     # anyway, and it halves the pool), else the model's dtype; or "float32", "bfloat16", "float16"
-    kv_cache_dtype: str = "auto"
+    kv_cache_dtype: DTypeName = "auto"
     device: str = "auto"  # "auto" (cuda if available), "cpu", "cuda", "cuda:N"
     max_model_len: int | None = None  # prompt + output cap; default: the model's context length
     num_threads: int | None = None  # CPU only: torch intra-op threads (None leaves torch's setting)
@@ -193,9 +199,9 @@ class EngineConfig:
             raise ValueError(f"kv_cache_memory_bytes must be > 0, got {self.kv_cache_memory_bytes}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
-        if self.dtype not in ("auto", "float32", "float16", "bfloat16"):
+        if self.dtype not in DTYPE_NAMES:
             raise ValueError(f"dtype must be auto, float32, float16 or bfloat16, got {self.dtype!r}")
-        if self.kv_cache_dtype not in ("auto", "float32", "float16", "bfloat16"):
+        if self.kv_cache_dtype not in DTYPE_NAMES:
             raise ValueError(f"kv_cache_dtype must be auto, float32, float16 or bfloat16, got {self.kv_cache_dtype!r}")
         if self.weights not in WEIGHT_MODES:
             raise ValueError(f"weights must be one of {', '.join(WEIGHT_MODES)}, got {self.weights!r}")

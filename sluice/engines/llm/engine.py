@@ -5,7 +5,7 @@ requests by one scheduled chunk and returns those that finished::
 
     out = scheduler.schedule()                 # which requests compute how many tokens (and drafts)
     sampled = runner.execute(out)              # tensors -> model over the paged KV cache -> sampled tokens
-    stops = self._check_stops(sampled)         # stop tokens / stop strings (max_tokens: the scheduler)
+    stops = outputs.check_stops(sampled)       # stop tokens / stop strings (max_tokens: the scheduler)
     finished = scheduler.update(out, ...)      # append tokens, cache full blocks, free finished requests
 
 With ``num_speculative_tokens > 0`` a decoding request may emit several tokens in one step (prompt-lookup
@@ -19,9 +19,9 @@ their logits. It ends with EOS once its grammar is complete, or with ``length`` 
 that cannot be compiled or followed finishes the request with ``finish_reason == "error"`` and the reason
 in ``RequestOutput.error``.
 
-Output contract (:class:`RequestOutput`): ``token_ids`` are all generated tokens, including a final stop
-token (an EOS or one of ``stop_token_ids``); ``text`` is their detokenised text without special tokens and,
-when a stop string ended the request, cut just before that stop string (the stop string is excluded).
+The engine's rooms: the model is found and read by ``loading.py``, scheduled by ``scheduler.py``, run by
+``model_runner.py``; per-request stop checks and the :class:`RequestOutput` (its contract: token ids include
+a final stop token, text excludes a matched stop string) are ``output_processor.py``'s.
 
 Not thread-safe: one thread drives ``add_request`` / ``step`` / ``abort``.
 """
@@ -36,10 +36,11 @@ from pathlib import Path
 import torch
 
 from sluice.engines.llm.config import EngineConfig
-from sluice.engines.llm.gguf_file import GGUFFile
 from sluice.engines.llm.kv_cache import KVCacheManager
-from sluice.engines.llm.model_runner import ModelRunner, SampledToken
+from sluice.engines.llm.loading import load_model, resolve_model_path
+from sluice.engines.llm.model_runner import ModelRunner
 from sluice.engines.llm.output import EngineStats, RequestOutput
+from sluice.engines.llm.output_processor import OutputProcessor
 from sluice.engines.llm.request import Request, RequestStatus, SamplingParams
 from sluice.engines.llm.scheduler import Scheduler
 from sluice.engines.llm.speculation import Drafter
@@ -47,22 +48,9 @@ from sluice.engines.llm.structured.backend import BACKENDS, BackendFactory, Gram
 from sluice.engines.llm.structured.compiler import GrammarCompiler
 from sluice.engines.llm.structured.manager import StructuredOutputManager
 from sluice.engines.llm.structured.token_table import token_table
-from sluice.engines.llm.tokenizer import ChatTokenizer, IncrementalDetokenizer
-from sluice.engines.llm.weights import find_gguf, load_weights
+from sluice.engines.llm.tokenizer import ChatTokenizer
 
 _GRAMMAR_WAIT_S = 0.01  # a step with nothing to compute waits this long for a grammar, instead of spinning
-
-
-class _Tracker:
-    """Engine-side state of one request: stop strings, log-probs, a structured-output failure."""
-
-    __slots__ = ("detok", "error", "logprobs", "stop_at")
-
-    def __init__(self, detok: IncrementalDetokenizer | None, want_logprobs: bool) -> None:
-        self.detok = detok
-        self.logprobs: list[float] | None = [] if want_logprobs else None
-        self.stop_at: int | None = None  # text offset of a matched stop string
-        self.error: str | None = None  # why the request finished FINISHED_ERROR
 
 
 class LLM:
@@ -74,34 +62,27 @@ class LLM:
     ``max_model_len``, ...); an unknown option is a TypeError. ``structured_output_backend`` is the
     grammar library for constrained requests: a name (``llguidance``, ``xgrammar``) or a factory taking
     the model's :class:`~sluice.engines.llm.structured.backend.TokenTable`; it is built at the first one.
+    ``base_dir``: where a relative model path is (default: the working directory; see ``loading.py``).
     """
 
     def __init__(self, model: str | Path, *, structured_output_backend: str | BackendFactory = "llguidance",
-                 **options: object) -> None:
+                 base_dir: str | Path | None = None, **options: object) -> None:
         if isinstance(structured_output_backend, str) and structured_output_backend not in BACKENDS:
             raise ValueError(f"unknown structured_output_backend {structured_output_backend!r}; choose one of "
                              f"{', '.join(BACKENDS)}")
         self.config = EngineConfig(**options)  # type: ignore[arg-type]
-        path = _resolve(model)
+        path = resolve_model_path(model, base_dir)
         if self.config.num_threads is not None:
             torch.set_num_threads(self.config.num_threads)
-        gguf = find_gguf(path)
-        reader = _open_gguf(gguf) if gguf is not None else None  # parsed once for weights and tokenizer
-        model_config, tensors = load_weights(path, reader)
-        self.model_config = model_config
+        loaded = load_model(path)
+        model_config = self.model_config = loaded.config
+        self.tokenizer: ChatTokenizer | None = loaded.tokenizer  # None: token-id prompts only
         self.max_model_len = min(
             self.config.max_model_len or model_config.max_context_len,
             model_config.max_context_len,
         )
-        self.runner = ModelRunner(model_config, tensors, self.config, self.max_model_len)
-        del tensors
-        try:
-            self.tokenizer: ChatTokenizer | None = (
-                ChatTokenizer.from_gguf(gguf, reader) if gguf is not None else ChatTokenizer.from_path(path)
-            )
-        except ValueError:
-            self.tokenizer = None  # token-id prompts only
-        del reader
+        self.runner = ModelRunner(model_config, loaded.tensors, self.config, self.max_model_len)
+        del loaded  # the runner holds the weights it placed; the tensors as read can go
         self.kv = KVCacheManager(self.runner.num_blocks, self.config.block_size, self.config.enable_prefix_caching)
         c = self.config
         self._grammar_backend = structured_output_backend
@@ -116,8 +97,7 @@ class LLM:
             self.kv, c.max_num_seqs, c.max_num_batched_tokens, max_model_len=self.max_model_len, drafter=self.drafter,
             recompute_past_len=self.runner.long_rope_switch_len,
         )
-        self._eos_ids = frozenset(model_config.eos_token_ids)
-        self._trackers: dict[str, _Tracker] = {}
+        self.outputs = OutputProcessor(self.tokenizer, model_config.eos_token_ids, self.structured)
         self._ids = itertools.count()
         self._num_prompt_tokens = 0
         self._num_output_tokens = 0
@@ -145,7 +125,7 @@ class LLM:
         if params.structured_output is not None:
             self._require_tokenizer("constrained requests (structured_output)")
         request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
-        if request_id in self._trackers:
+        if request_id in self.outputs:
             raise ValueError(f"request id {request_id!r} is already in use by an unfinished request")
         request = Request(request_id, prompt_ids, params)
         if request.num_tokens >= self.max_model_len:
@@ -162,15 +142,14 @@ class LLM:
             self.structured.add(request)  # joins the scheduler once its grammar is compiled
         else:
             self.scheduler.add(request)
-        detok = IncrementalDetokenizer(self.tokenizer) if params.stop and self.tokenizer else None
-        self._trackers[request_id] = _Tracker(detok, params.logprobs)
+        self.outputs.add(request_id, params)
         self._num_prompt_tokens += request.num_prompt_tokens
         self._num_requests += 1
         return request_id
 
     def abort(self, request_id: str) -> bool:
         """Drop a request (any state) and free its KV blocks; False if it is unknown or already finished."""
-        self._trackers.pop(request_id, None)
+        self.outputs.discard(request_id)
         waiting = self.structured.remove(request_id)
         if waiting is not None:  # still waiting for its grammar: the scheduler never saw it
             waiting.move_to(RequestStatus.FINISHED_ABORTED)
@@ -200,13 +179,13 @@ class LLM:
         # (a long prefill's per-token cost says little about a few more rows in a decode step).
         if self.drafter is not None and all(s.num_new_tokens == 1 + len(s.draft_token_ids) for s in out.scheduled):
             self.drafter.record_step(out.num_batched_tokens, time.perf_counter() - start_s)
-        tokens, stops = self._check_stops(sampled)
+        tokens, stops = self.outputs.check_stops(sampled, self.scheduler)
         finished = self.scheduler.update(out, tokens, stops)
         self._num_steps += 1
         self._num_output_tokens += sum(len(t) for t in tokens.values())
         for request in finished:
             self.structured.remove(request.request_id)
-        return outputs + [self._output(r) for r in finished]
+        return outputs + [self.outputs.output(r) for r in finished]
 
     def _admit_compiled(self) -> list[RequestOutput]:
         """Hand requests whose grammar is ready to the scheduler; finish those whose grammar failed."""
@@ -216,69 +195,9 @@ class LLM:
         outputs = []
         for request, reason in failed:
             request.move_to(RequestStatus.FINISHED_ERROR)
-            self._trackers[request.request_id].error = reason
-            outputs.append(self._output(request))
+            self.outputs.fail(request.request_id, reason)
+            outputs.append(self.outputs.output(request))
         return outputs
-
-    def _check_stops(
-        self, sampled: dict[str, list[SampledToken]]
-    ) -> tuple[dict[str, list[int]], dict[str, RequestStatus]]:
-        """Record log-probs and detokenised text; cut each token run after its first stop.
-
-        Returns the tokens to append per request and which requests stop (on their last token). A run never
-        goes past the request's max length (the scheduler drafts within it; cut here too, to be sure).
-        A constrained request's grammar advances over the kept tokens: if it cannot, the request finishes
-        FINISHED_ERROR (unless it stops anyway); a model without an EOS token stops once the grammar is
-        complete.
-        """
-        tokens: dict[str, list[int]] = {}
-        stops: dict[str, RequestStatus] = {}
-        for rid, run in sampled.items():
-            tracker = self._trackers[rid]
-            request = self.scheduler.requests[rid]
-            params = request.params
-            kept = tokens[rid] = []
-            for s in run[: max(1, self.scheduler.max_len(request) - request.num_tokens)]:
-                kept.append(s.token_id)
-                if tracker.logprobs is not None and s.logprob is not None:
-                    tracker.logprobs.append(s.logprob)
-                if s.token_id in params.stop_token_ids or (s.token_id in self._eos_ids and not params.ignore_eos):
-                    stops[rid] = RequestStatus.FINISHED_STOPPED
-                    break
-                if tracker.detok is not None:
-                    delta = tracker.detok.add(s.token_id)
-                    if delta and _find_stop(tracker, params.stop, len(delta)):
-                        stops[rid] = RequestStatus.FINISHED_STOPPED
-                        break
-            if params.structured_output is not None:
-                problem = self.structured.accept(rid, kept)
-                if problem is not None and rid not in stops:
-                    stops[rid] = RequestStatus.FINISHED_ERROR
-                    tracker.error = problem
-                elif not self._eos_ids and self.structured.is_terminated(rid):
-                    stops[rid] = RequestStatus.FINISHED_STOPPED
-        return tokens, stops
-
-    def _output(self, request: Request) -> RequestOutput:
-        tracker = self._trackers.pop(request.request_id)
-        if tracker.detok is not None:
-            text = tracker.detok.text if tracker.stop_at is None else tracker.detok.text[: tracker.stop_at]
-        elif self.tokenizer is not None:
-            text = self.tokenizer.decode(request.output_token_ids)
-        else:
-            text = ""
-        return RequestOutput(
-            request_id=request.request_id,
-            prompt_token_ids=request.prompt_token_ids,
-            token_ids=list(request.output_token_ids),
-            text=text,
-            status=request.status,
-            logprobs=tracker.logprobs,
-            num_cached_tokens=request.num_cached_tokens,
-            num_draft_tokens=request.num_draft_tokens,
-            num_accepted_draft_tokens=request.num_accepted_draft_tokens,
-            error=tracker.error,
-        )
 
     # ---- conveniences --------------------------------------------------------------------------------
 
@@ -335,31 +254,3 @@ class LLM:
         if self.tokenizer is None:
             raise ValueError(f"{what} need a tokenizer, and this model directory has none; pass token ids")
         return self.tokenizer
-
-
-def _find_stop(tracker: _Tracker, stops: tuple[str, ...], delta_len: int) -> bool:
-    """Look for a stop string overlapping the newest text; record where the earliest one starts."""
-    text = tracker.detok.text if tracker.detok is not None else ""
-    window_start = max(0, len(text) - delta_len - max(len(s) for s in stops) + 1)
-    found = [i for i in (text.find(s, window_start) for s in stops) if i >= 0]
-    if not found:
-        return False
-    tracker.stop_at = min(found)
-    return True
-
-
-def _open_gguf(path: Path) -> GGUFFile:
-    return GGUFFile(path)
-
-
-def _resolve(model: str | Path) -> Path:
-    """A path as given, or a known model name (``smollm2-135m``) fetched into the model cache."""
-    path = Path(model).expanduser()
-    if path.exists():
-        return path
-    from sluice.models.catalogue import KNOWN_MODELS
-    from sluice.models.fetch import fetch
-
-    if str(model) in KNOWN_MODELS:
-        return fetch(str(model))
-    raise ValueError(f"model {str(model)!r} is neither an existing path nor a known model name")

@@ -1,4 +1,5 @@
-"""Engine type ``llm``: Sluice's LLM engine behind the operator, with continuous admission.
+"""Engine type ``llm``: Sluice's LLM engine behind the operator, with continuous admission. Its options
+(everything under ``engine:``) are :class:`~sluice.engines.llm.operator_options.LLMOptions`.
 
 ```yaml
 codec: {format: json, input_field: "."}     # the whole record fills the template
@@ -30,110 +31,18 @@ import string
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Literal
-
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from typing import Any
 
 from sluice.engines.base import ContinuousEngine, EngineContext, EngineStartError, RecordError
 from sluice.engines.chat import ChatRequest
 from sluice.engines.identity import ModelSource
 from sluice.engines.llm.chat import chat_result, chat_settings
-from sluice.engines.llm.structured.options import (
-    OVERRIDE_KINDS,
-    AnswerChecker,
-    StructuredOutputOptions,
-    record_spec,
-)
+from sluice.engines.llm.operator_options import LLMOptions
+from sluice.engines.llm.structured.options import OVERRIDE_KINDS, AnswerChecker, record_spec
 from sluice.engines.model_source import disk_source
 from sluice.engines.registry import EngineType
 
 log = logging.getLogger(__name__)
-
-_OVERRIDABLE = Literal["max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "json_schema", "choice",
-                       "regex"]
-
-
-class LLMOptions(BaseModel):
-    """Everything under ``engine:`` for ``type: llm``."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    model: str = Field(default="smollm2-135m", min_length=1)  # known name, .gguf file or HF directory
-    system_prompt: str | None = None
-    user_template: str = "{text}"  # {field} placeholders; a non-object input fills {text}
-    max_tokens: int = Field(default=64, ge=1)
-    temperature: float = Field(default=0.0, ge=0)
-    top_p: float = Field(default=1.0, gt=0, le=1)
-    top_k: int = Field(default=0, ge=0)
-    seed: int | None = None
-    stop: list[str] = Field(default_factory=list)
-    ignore_eos: bool = False  # generate exactly max_tokens (benchmarks)
-    overrides: dict[_OVERRIDABLE, str] = Field(default_factory=dict)  # generation setting -> record field
-    # none: the answer text; json: a JSON value (default with a JSON Schema in structured_output)
-    parse: Literal["none", "json"] | None = None
-    json_schema: dict[str, Any] | None = None  # with parse: json, answers must validate against it
-    structured_output: StructuredOutputOptions | None = None  # constrain answers while they are generated
-    max_num_seqs: int = Field(default=32, ge=1)
-    max_num_batched_tokens: int = Field(default=1024, ge=16)
-    max_model_len: int | None = Field(default=None, ge=16)
-    kv_cache_memory_mb: int | None = Field(default=None, ge=1)
-    num_threads: int | None = Field(default=None, ge=1)
-    device: str = "auto"
-    dtype: str = "auto"
-    # CPU weight form: auto keeps a GGUF's quantisation (Q4 -> int4, Q8_0 & co. -> int8), fp32 dequantises
-    weights: Literal["auto", "fp32", "bf16", "int8", "int4"] = "auto"
-    # Prompt-lookup speculative decoding (0 = off): drafts copied from the prompt, verified in the batch.
-    num_speculative_tokens: int = Field(default=0, ge=0, le=16)
-    speculative_ngram_max: int = Field(default=3, ge=1)
-    speculative_ngram_min: int = Field(default=1, ge=1)
-
-    @model_validator(mode="after")
-    def _ngram_range(self) -> LLMOptions:
-        if self.speculative_ngram_min > self.speculative_ngram_max:
-            raise ValueError(f"speculative_ngram_min ({self.speculative_ngram_min}) must be <= "
-                             f"speculative_ngram_max ({self.speculative_ngram_max})")  # fmt: skip
-        constrained = self.structured_output is not None or any(k in OVERRIDE_KINDS for k in self.overrides)
-        if constrained and self.ignore_eos:
-            raise ValueError("ignore_eos cannot be combined with structured_output (or a json_schema, choice or "
-                             "regex override): a constrained answer ends when it is complete")
-        if self.json_schema is not None and self.structured_output is not None:
-            raise ValueError("json_schema and structured_output are both set: give the schema once, as "
-                             "structured_output.json_schema (answers are then also checked against it)")
-        return self
-
-    @property
-    def parse_mode(self) -> Literal["none", "json"]:
-        """``parse`` as given, else ``json`` when the pipeline's answers follow a JSON Schema, else ``none``."""
-        if self.parse is not None:
-            return self.parse
-        schema = (self.structured_output is not None and self.structured_output.has_schema) or (
-            "json_schema" in self.overrides
-        )
-        return "json" if schema else "none"
-
-    def parse_for(self, spec: Any) -> Literal["none", "json"]:
-        """How to read one answer: ``parse`` as given, else ``json`` exactly when its constraint is a schema
-        (a record's own choice or regex answer stays text)."""
-        if self.parse is not None:
-            return self.parse
-        if spec is not None:
-            return "json" if spec.kind == "json_schema" else "none"
-        return self.parse_mode
-
-    @property
-    def backend(self) -> str:
-        return self.structured_output.backend if self.structured_output is not None else "llguidance"
-
-    @field_validator("user_template")
-    @classmethod
-    def _template(cls, value: str) -> str:
-        try:
-            [name for _, name, _, _ in string.Formatter().parse(value)]
-        except ValueError as err:
-            raise ValueError(f"not a valid template: {err}") from None
-        return value
-
 
 class AnswerError(RecordError):
     """The model's answer is not what ``parse`` asks for. The message carries the answer."""
@@ -198,15 +107,9 @@ class LLMEngine(ContinuousEngine):
                 self._structured = o.structured_output.spec()
             except ValueError as err:
                 raise EngineStartError(f"engine.structured_output: {err}") from None
-        extra: dict[str, Any] = {"structured_output_backend": o.backend}
-        if o.kv_cache_memory_mb is not None:
-            extra["kv_cache_memory_bytes"] = o.kv_cache_memory_mb * 1024 * 1024
         try:
-            self.llm = LLM(o.model, max_num_seqs=o.max_num_seqs, max_num_batched_tokens=o.max_num_batched_tokens,
-                           max_model_len=o.max_model_len, num_threads=o.num_threads, device=o.device,
-                           dtype=o.dtype, weights=o.weights, num_speculative_tokens=o.num_speculative_tokens,
-                           speculative_ngram_max=o.speculative_ngram_max,
-                           speculative_ngram_min=o.speculative_ngram_min, **extra)
+            self.llm = LLM(o.model, structured_output_backend=o.backend, base_dir=self.context.pipeline_dir,
+                           **o.engine_settings())
         except (OSError, ValueError, TypeError) as err:
             raise EngineStartError(f"cannot load model {o.model!r}: {err}") from None
         if self.llm.tokenizer is None:
@@ -214,9 +117,8 @@ class LLMEngine(ContinuousEngine):
         self.tokenizer = self.llm.tokenizer
 
     def model_source(self) -> ModelSource:
-        # as LLM() resolves it: a path as given (relative to the working directory), else a known name
-        given = Path(self.options.model).expanduser()
-        return disk_source(str(given) if given.exists() else self.options.model, None)
+        # a known name's cached directory, else a path relative to the pipeline file (as LLM() resolves it)
+        return disk_source(self.options.model, self.context.pipeline_dir)
 
     def memory_device(self) -> str:
         llm = getattr(self, "llm", None)
@@ -289,9 +191,6 @@ class LLMEngine(ContinuousEngine):
             key = int(out.request_id)
             finished.append((key, self._result(out, self._running.pop(key))))
         return finished
-
-    def has_unfinished(self) -> bool:
-        return self._num_unfinished > 0
 
     def abort(self, key: Any) -> None:
         self._running.pop(int(key), None)

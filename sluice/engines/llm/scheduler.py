@@ -1,4 +1,6 @@
-"""Token-budget scheduler: decides, each step, which requests compute how many tokens.
+"""Token-budget scheduler: decides, each step, which requests compute how many tokens. Over 300 lines: it
+is one state machine (the waiting and running queues and every request status change), with its rules
+written out below; the step's data and the checks of its results are in ``scheduler_output.py``.
 
 One scheduling rule for prompts and generation alike (no prefill/decode phases): every request's
 ``num_computed_tokens`` catches up with its ``num_tokens``, at most ``max_num_batched_tokens`` positions per
@@ -36,9 +38,9 @@ request whose whole lifetime would not fit in the pool alone, so every request f
 Callers: the engine thread only (not thread-safe). Order per step::
 
     out = scheduler.schedule()
-    sampled, finish = model_runner.execute(out)          # engine; may call scheduler.abort() meanwhile
-                                                          # sampled: request_id -> emitted tokens
-    finished = scheduler.update(out, sampled, finish)
+    sampled = model_runner.execute(out.scheduled, ...)     # engine; may call scheduler.abort() meanwhile
+    tokens, finish = outputs.check_stops(sampled, scheduler)  # request_id -> emitted tokens / stop decision
+    finished = scheduler.update(out, tokens, finish)
 
 Pure Python: never imports torch.
 """
@@ -55,8 +57,6 @@ from sluice.engines.llm.speculation import Draft, Drafter
 
 __all__ = ["ScheduledRequest", "Scheduler", "SchedulerOutput"]
 
-# What the engine may decide for a request that sampled this step.
-_ENGINE_DECISIONS = (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH, RequestStatus.FINISHED_ERROR)
 LONG_CONTEXT_SALT = b"long-context"  # prefix-cache salt of requests past recompute_past_len
 
 
@@ -241,38 +241,13 @@ class Scheduler:
         verified ``k`` drafts its accepted drafts plus one (1..k+1 tokens; the engine may cut the list after
         a stop token). ``finish``: request_id -> FINISHED_STOPPED, FINISHED_LENGTH or FINISHED_ERROR (its
         grammar failed), the engine's stop decisions (on the last token of the list), only for requests in
-        ``sampled``. Requests reaching
-        max_tokens or max_model_len are finished with FINISHED_LENGTH even if ``finish`` omits them (tokens
-        past that length are dropped).
+        ``sampled``. Requests reaching max_tokens or max_model_len are finished with FINISHED_LENGTH even if
+        ``finish`` omits them (tokens past that length are dropped).
 
-        Raises ValueError (changing nothing) if ``sampled``/``finish`` do not match the output.
+        Raises ValueError (changing nothing) if ``sampled``/``finish`` do not match the output
+        (:meth:`SchedulerOutput.live_results`).
         """
-        live = [s for s in output.scheduled if not s.request.is_finished]
-        gone = {s.request.request_id for s in output.scheduled if s.request.is_finished}
-        sampled = {rid: tok for rid, tok in sampled.items() if rid not in gone}  # aborted meanwhile
-        finish = {rid: st for rid, st in finish.items() if rid not in gone}
-        for item in live:
-            if item.request.num_computed_tokens != item.num_computed_tokens:
-                raise ValueError(
-                    f"stale scheduler output for {item.request.request_id!r}: update applied twice?"
-                )
-        expected = {s.request.request_id: len(s.draft_token_ids) for s in live if s.completes}
-        if set(sampled) != set(expected):
-            raise ValueError(
-                f"sampled tokens for {sorted(sampled)} but these requests completed their tokens: "
-                f"{sorted(expected)}"
-            )
-        for request_id, tokens in sampled.items():
-            if not 1 <= len(tokens) <= expected[request_id] + 1:
-                raise ValueError(f"{len(tokens)} tokens for {request_id!r}, which verified "
-                                 f"{expected[request_id]} drafts: give 1..{expected[request_id] + 1}")  # fmt: skip
-        for request_id, decision in finish.items():
-            if request_id not in expected:
-                raise ValueError(f"finish decision for {request_id!r}, which sampled no token this step")
-            if decision not in _ENGINE_DECISIONS:
-                raise ValueError(
-                    f"finish decision for {request_id!r} must be STOPPED, LENGTH or ERROR, got {decision!r}"
-                )
+        live, sampled, finish = output.live_results(sampled, finish)
         finished: list[Request] = []
         for item in live:
             request = item.request

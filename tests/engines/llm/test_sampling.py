@@ -98,12 +98,12 @@ def test_stop_token_ends_generation_and_is_kept(llm: LLM, free_run: tuple[list[i
 
 def test_eos_stops_unless_ignored(llm: LLM, free_run: tuple[list[int], list[int], str]) -> None:
     prompt, tokens, _ = free_run
-    llm._eos_ids = frozenset({tokens[3]})  # pretend the tiny model has this EOS
+    llm.outputs.eos_token_ids = frozenset({tokens[3]})  # pretend the tiny model has this EOS
     try:
         [stopped] = llm.generate([prompt], SamplingParams(max_tokens=24))
         [ignored] = llm.generate([prompt], SamplingParams(max_tokens=24, ignore_eos=True))
     finally:
-        llm._eos_ids = frozenset()
+        llm.outputs.eos_token_ids = frozenset()
     assert stopped.finish_reason == "stop" and stopped.token_ids == tokens[: tokens.index(tokens[3]) + 1]
     assert ignored.finish_reason == "length" and ignored.token_ids == tokens
 

@@ -288,7 +288,7 @@ def test_pipeline_options_turn_speculation_on_and_report_acceptance(tiny: Path) 
     assert (engine.llm.config.num_speculative_tokens, engine.llm.config.speculative_ngram_max) == (3, 4)
     for key, prompt in enumerate(_repetitive_prompts(6, seed=3)):  # the tiny model has no chat template
         engine.add(key, Prompt(prompt, SamplingParams(max_tokens=32)))
-    while engine.has_unfinished():
+    while engine.llm.has_unfinished():
         engine.step()
     stats = engine.stats
     assert stats is not None and stats.num_draft_tokens > 0

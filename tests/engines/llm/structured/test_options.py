@@ -96,7 +96,7 @@ def run(engine: Any, records: list[dict[str, Any]]) -> list[Any]:
     for key, item in enumerate(items):
         engine.add(key, item)
     results: dict[int, Any] = {}
-    while engine.has_unfinished():
+    while engine.llm.has_unfinished():
         results.update(engine.step())
     return [results[k] for k in range(len(items))]
 
@@ -157,7 +157,7 @@ def test_a_grammar_that_fails_in_the_engine_is_that_records_error(engine: Any) -
     engine.add(0, bad)
     engine.add(1, good)
     results: dict[int, Any] = {}
-    while engine.has_unfinished():
+    while engine.llm.has_unfinished():
         results.update(engine.step())
     assert isinstance(results[0], RecordError) and not isinstance(results[0], AnswerError)
     assert "structured output: the regex cannot be used" in str(results[0])
