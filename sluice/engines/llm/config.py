@@ -164,8 +164,11 @@ class EngineConfig:
     ``DEFAULT_CPU_KV_BYTES``.
     """
 
-    max_num_seqs: int = 64  # requests decoded together in one step
-    max_num_batched_tokens: int = 2048  # tokens (prefill chunks + decodes) computed in one step
+    # The pipeline defaults too (operator_options.py). Kept where a stream's latency wants them: a step of
+    # 1024 tokens already saturates a CPU's matmuls (bench/llm.py uses 512), and every running request waits
+    # for the whole step, so a larger budget only lengthens the worst step; raise both on a GPU.
+    max_num_seqs: int = 32  # requests decoded together in one step
+    max_num_batched_tokens: int = 1024  # tokens (prefill chunks + decodes) computed in one step
     block_size: int = 16  # tokens per KV block
     enable_prefix_caching: bool = True
     kv_cache_memory_bytes: int | None = None  # explicit KV pool size; overrides the fraction below
