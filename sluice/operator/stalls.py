@@ -123,6 +123,25 @@ class StallingDecoder:
         decoded: list[Decoded] = []
         rejected: list[Rejected] = []
         stalls = self.stalls
+        if not stalls:  # the common case, kept to one tight loop (it runs once per record)
+            decode = self.codec.decode
+            for i, r in enumerate(records):
+                try:
+                    document, value = decode(r.value)
+                except CodecError as err:
+                    rejected.append((r, err.stage, err))
+                    continue
+                except RegistryUnavailable as err:  # from here on, partitions may be stalled: the general path
+                    self._stall(r.tp, [r], now_s, str(err))
+                    more_decoded, more_rejected = self.decode(records[i + 1:], now_s)
+                    decoded += more_decoded
+                    rejected += more_rejected
+                    break
+                except Exception as err:  # whatever else one record makes a decoder raise (containment.py)
+                    rejected.append((r, "decode", err))
+                    continue
+                decoded.append((r, document, value))
+            return decoded, rejected
         for r in records:
             if r.tp in stalls:
                 stalls.append(r.tp, r)

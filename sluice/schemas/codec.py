@@ -82,7 +82,9 @@ class RecordCodec:
             except UnicodeDecodeError as err:
                 raise CodecError("decode", f"the value is not valid UTF-8: {err.reason} at byte {err.start}") from None
             return text, text
-        if may_exceed(value, codec.max_depth) and (depth := nesting_depth(value)) > codec.max_depth:
+        # a value shorter than the limit cannot hold more brackets than it: no pass over it at all
+        if len(value) > codec.max_depth and may_exceed(value, codec.max_depth) and \
+                (depth := nesting_depth(value)) > codec.max_depth:
             raise CodecError("decode", f"the JSON nests {depth} levels deep; codec.max_depth allows "
                                        f"{codec.max_depth}")
         try:
