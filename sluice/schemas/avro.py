@@ -4,15 +4,29 @@ AvroDeserializer and AvroSerializer (fastavro underneath).
 The output schema, unless ``sink.output.schema_file`` gives one, is the input's record schema plus the
 result field, its Avro type derived from the engine's result schema (sluice/schemas/result_types.py);
 it is registered under the output subject once per input schema id.
+
+Reading: the first record of each schema id goes through confluent-kafka's deserializer; if that schema
+stands alone (no references, not plain ``bytes``), its parsed form is kept and later records of the id are
+read by fastavro directly -- what the deserializer does for them too (called without a serialization
+context it runs no rules and reads with the writer's schema), without its per-record lookups, locks and
+schema expansion, which cost as much as the decoding itself (``bench/operator_overhead.py --avro``). The
+direct reader is kept only if it reads that first record exactly as the deserializer did.
 """
 
 from __future__ import annotations
 
+import io
+import json
+import logging
 from typing import Any
 
 from sluice.schemas.derived_format import DerivedSchemaFormat
 from sluice.schemas.result_types import avro_type, merged_avro_record, result_avro_record
 from sluice.schemas.subjects import no_subject
+
+log = logging.getLogger(__name__)
+
+_MAX_READERS = 1024  # schema ids read directly (a stream has a handful; the bound is for safety)
 
 
 class AvroFormat(DerivedSchemaFormat):
@@ -21,11 +35,43 @@ class AvroFormat(DerivedSchemaFormat):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         from confluent_kafka.schema_registry.avro import AvroDeserializer
+        from fastavro import schemaless_reader
 
         self._deserializer = AvroDeserializer(self.client, conf={"subject.name.strategy": no_subject})
+        self._read = schemaless_reader
+        self._readers: dict[bytes, Any] = {}  # 5-byte header (magic 0, schema id) -> parsed writer schema
 
     def deserialize(self, value: bytes) -> Any:
-        return self._deserializer(value, None)
+        reader = self._readers.get(value[:5])
+        if reader is not None:
+            return self._read(io.BytesIO(value[5:]), reader, None)
+        record = self._deserializer(value, None)
+        if len(self._readers) < _MAX_READERS:
+            self._learn(value, record)
+        return record
+
+    def _learn(self, value: bytes, record: Any) -> None:
+        """After the deserializer read ``value`` as ``record``: keep a direct reader for its schema id, if
+        the schema stands alone and the direct reader gives the same record."""
+        from fastavro import parse_schema
+
+        if value[:1] != b"\x00":  # a GUID header (magic byte 1): left to the deserializer
+            return
+        schema_id = int.from_bytes(value[1:5], "big")
+        try:
+            schema = self.client.get_schema(schema_id)  # cached by the client: the deserializer just asked
+            if schema.references or schema.schema_str is None:
+                return
+            parsed = parse_schema(json.loads(schema.schema_str))
+            if parsed == "bytes" or (isinstance(parsed, dict) and parsed.get("type") == "bytes"):
+                return
+            if self._read(io.BytesIO(value[5:]), parsed, None) != record:
+                log.info("schema id %s: read through confluent-kafka's deserializer only", schema_id)
+                return
+        except Exception as err:  # noqa: BLE001 - the deserializer keeps reading these records
+            log.debug("schema id %s: no direct reader (%s)", schema_id, err)
+            return
+        self._readers[value[:5]] = parsed
 
     def derive(self, input_schema: Any, result_schema: dict[str, Any]) -> dict[str, Any]:
         field = self.output.field
@@ -46,4 +92,51 @@ class AvroFormat(DerivedSchemaFormat):
     def serializer(self, schema: Any) -> Any:
         from confluent_kafka.schema_registry.avro import AvroSerializer
 
-        return AvroSerializer(self.client, schema, conf={"auto.register.schemas": True, **self.out.serializer_conf})
+        conf = {"auto.register.schemas": True, **self.out.serializer_conf}
+        return _DirectAfterFirst(AvroSerializer(self.client, schema, conf=conf), schema)
+
+
+class _DirectAfterFirst:
+    """Writing, the same way as reading: confluent-kafka's serializer for the first record (it finds the
+    output schema's id, registered at setup, and says what the bytes must be); then, if the schema stands
+    alone and fastavro writes that record to the same bytes, fastavro directly with the same header. With
+    the settings above the serializer runs no rules and no validation, so that is all it does per record."""
+
+    __slots__ = ("_serializer", "_schema", "_parsed", "_header", "_write")
+
+    def __init__(self, serializer: Any, schema: Any) -> None:
+        from fastavro import schemaless_writer
+
+        self._serializer, self._schema = serializer, schema  # schema: the registry Schema of the output
+        self._parsed: Any = None
+        self._header: bytes | None = None
+        self._write = schemaless_writer
+
+    def __call__(self, obj: Any, ctx: Any) -> bytes:
+        if self._header is not None:
+            out = io.BytesIO()
+            out.write(self._header)
+            self._write(out, self._parsed, obj)
+            return out.getvalue()
+        value: bytes = self._serializer(obj, ctx)
+        self._learn(obj, value)
+        return value
+
+    def _learn(self, obj: Any, value: bytes) -> None:
+        from fastavro import parse_schema
+
+        schema = self._schema
+        if value[:1] != b"\x00" or schema.references or schema.schema_str is None:
+            return
+        try:
+            parsed = parse_schema(json.loads(schema.schema_str))
+            if parsed == "bytes" or (isinstance(parsed, dict) and parsed.get("type") == "bytes"):
+                return
+            out = io.BytesIO()
+            out.write(value[:5])
+            self._write(out, parsed, obj)
+        except Exception as err:  # noqa: BLE001 - the serializer keeps writing these records
+            log.debug("no direct Avro writer (%s)", err)
+            return
+        if out.getvalue() == value:
+            self._parsed, self._header = parsed, value[:5]
