@@ -26,7 +26,8 @@ from sluice.schemas.subjects import no_subject
 
 log = logging.getLogger(__name__)
 
-_MAX_READERS = 1024  # schema ids read directly (a stream has a handful; the bound is for safety)
+_MAX_READERS = 1024  # schema ids looked at (a stream has a handful; the bound is for safety)
+_UNSEEN: Any = object()
 
 
 class AvroFormat(DerivedSchemaFormat):
@@ -39,14 +40,15 @@ class AvroFormat(DerivedSchemaFormat):
 
         self._deserializer = AvroDeserializer(self.client, conf={"subject.name.strategy": no_subject})
         self._read = schemaless_reader
-        self._readers: dict[bytes, Any] = {}  # 5-byte header (magic 0, schema id) -> parsed writer schema
+        # 5-byte header (magic 0, schema id) -> parsed writer schema, or None: the deserializer's alone
+        self._readers: dict[bytes, Any] = {}
 
     def deserialize(self, value: bytes) -> Any:
-        reader = self._readers.get(value[:5])
-        if reader is not None:
+        reader = self._readers.get(value[:5], _UNSEEN)
+        if reader is not _UNSEEN and reader is not None:
             return self._read(io.BytesIO(value[5:]), reader, None)
         record = self._deserializer(value, None)
-        if len(self._readers) < _MAX_READERS:
+        if reader is _UNSEEN and len(self._readers) < _MAX_READERS:
             self._learn(value, record)
         return record
 
@@ -55,23 +57,25 @@ class AvroFormat(DerivedSchemaFormat):
         the schema stands alone and the direct reader gives the same record."""
         from fastavro import parse_schema
 
+        header = value[:5]
         if value[:1] != b"\x00":  # a GUID header (magic byte 1): left to the deserializer
+            self._readers[header] = None
             return
         schema_id = int.from_bytes(value[1:5], "big")
         try:
             schema = self.client.get_schema(schema_id)  # cached by the client: the deserializer just asked
-            if schema.references or schema.schema_str is None:
-                return
-            parsed = parse_schema(json.loads(schema.schema_str))
+            parsed = None
+            if not schema.references and schema.schema_str is not None:
+                parsed = parse_schema(json.loads(schema.schema_str))
             if parsed == "bytes" or (isinstance(parsed, dict) and parsed.get("type") == "bytes"):
-                return
-            if self._read(io.BytesIO(value[5:]), parsed, None) != record:
+                parsed = None
+            if parsed is not None and self._read(io.BytesIO(value[5:]), parsed, None) != record:
                 log.info("schema id %s: read through confluent-kafka's deserializer only", schema_id)
-                return
-        except Exception as err:  # noqa: BLE001 - the deserializer keeps reading these records
-            log.debug("schema id %s: no direct reader (%s)", schema_id, err)
+                parsed = None
+        except Exception as err:  # noqa: BLE001 - tried again at the id's next record
+            log.debug("schema id %s: no direct reader yet (%s)", schema_id, err)
             return
-        self._readers[value[:5]] = parsed
+        self._readers[header] = parsed
 
     def derive(self, input_schema: Any, result_schema: dict[str, Any]) -> dict[str, Any]:
         field = self.output.field
