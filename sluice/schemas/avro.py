@@ -55,20 +55,14 @@ class AvroFormat(DerivedSchemaFormat):
     def _learn(self, value: bytes, record: Any) -> None:
         """After the deserializer read ``value`` as ``record``: keep a direct reader for its schema id, if
         the schema stands alone and the direct reader gives the same record."""
-        from fastavro import parse_schema
-
         header = value[:5]
         if value[:1] != b"\x00":  # a GUID header (magic byte 1): left to the deserializer
             self._readers[header] = None
             return
         schema_id = int.from_bytes(value[1:5], "big")
         try:
-            schema = self.client.get_schema(schema_id)  # cached by the client: the deserializer just asked
-            parsed = None
-            if not schema.references and schema.schema_str is not None:
-                parsed = parse_schema(json.loads(schema.schema_str))
-            if parsed == "bytes" or (isinstance(parsed, dict) and parsed.get("type") == "bytes"):
-                parsed = None
+            # cached by the client: the deserializer just asked
+            parsed = _standalone(self.client.get_schema(schema_id))
             if parsed is not None and self._read(io.BytesIO(value[5:]), parsed, None) != record:
                 log.info("schema id %s: read through confluent-kafka's deserializer only", schema_id)
                 parsed = None
@@ -127,14 +121,11 @@ class _DirectAfterFirst:
         return value
 
     def _learn(self, obj: Any, value: bytes) -> None:
-        from fastavro import parse_schema
-
-        schema = self._schema
-        if value[:1] != b"\x00" or schema.references or schema.schema_str is None:
+        if value[:1] != b"\x00":
             return
         try:
-            parsed = parse_schema(json.loads(schema.schema_str))
-            if parsed == "bytes" or (isinstance(parsed, dict) and parsed.get("type") == "bytes"):
+            parsed = _standalone(self._schema)
+            if parsed is None:
                 return
             out = io.BytesIO()
             out.write(value[:5])
@@ -144,3 +135,16 @@ class _DirectAfterFirst:
             return
         if out.getvalue() == value:
             self._parsed, self._header = parsed, value[:5]
+
+
+def _standalone(schema: Any) -> Any:
+    """fastavro's parsed form of a registry Schema that fastavro can read and write alone, else None: one
+    with references needs confluent-kafka to resolve its named types, and plain ``bytes`` is framed raw."""
+    from fastavro import parse_schema
+
+    if schema.references or schema.schema_str is None:
+        return None
+    parsed = parse_schema(json.loads(schema.schema_str))
+    if parsed == "bytes" or (isinstance(parsed, dict) and parsed.get("type") == "bytes"):
+        return None
+    return parsed
