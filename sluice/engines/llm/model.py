@@ -25,6 +25,7 @@ from sluice.engines.llm.layers.quantized import QuantizedEmbedding, QuantizedLin
 from sluice.engines.llm.layers.rotary import rope_tables
 from sluice.engines.llm.layers.self_attention import KVCache
 from sluice.engines.llm.quant.gguf_rows import GGUFRows
+from sluice.engines.llm.quant.heap import release_freed_memory
 from sluice.engines.llm.quant.policy import (
     Materialized,
     Role,
@@ -102,6 +103,7 @@ class CausalLM(nn.Module):
         packed: dict[str, Materialized] = {}  # module name -> its packed weight
         exact_head: GGUFRows | None = None  # the LM head's own rows, when its packed logits are rescored
         for name in list(tensors):
+            release_freed_memory()  # the previous matrix's temporaries: see quant/heap.py
             source = tensors.pop(name)
             module_name, _, param = name.rpartition(".")
             role = _ROLES.get(module_name, "linear")
@@ -123,6 +125,7 @@ class CausalLM(nn.Module):
         for module_name, weight in packed.items():
             if isinstance(weight, torch.Tensor):  # a tied table kept dense
                 state[f"{module_name}.weight"] = weight.to(device=device, dtype=dtype)
+        release_freed_memory()
         missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
         dense_tied = cfg.tie_word_embeddings and "embed_tokens.weight" in state
         missing = [m for m in missing if not (dense_tied and m == "lm_head.weight")

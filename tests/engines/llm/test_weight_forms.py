@@ -89,6 +89,8 @@ def test_auto_keeps_the_gguf_quantisation_and_matches_the_dequantised_model(
     # the embedding table keeps the file's rows; the LM head's packed logits are rescored from them
     assert isinstance(model.embed_tokens, QuantizedEmbedding) and isinstance(model.embed_tokens.table, GGUFRows)
     assert isinstance(model.lm_head, RescoredHead) and model.lm_head.exact is model.embed_tokens.table
+    # whatever the file's type, the ranking pass is int4 (the cheapest read); the rescoring keeps it exact
+    assert isinstance(model.lm_head.fast, QuantizedLinear) and isinstance(model.lm_head.fast.packed, Int4Weight)
     assert packed.runner.kv_dtype == torch.bfloat16 and reference.runner.kv_dtype == torch.float32
     assert_agrees(packed, reference, family_prompts(packed.model_config.vocab_size))
 

@@ -47,8 +47,9 @@ class RescoredHead(nn.Module):
     The packed pass ranks the vocabulary; only its best few candidates can be the argmax, and for those the
     logits are the exact head's (up to float32 summation order) -- so greedy picks and the top of the
     distribution are those of the dequantised model, at the cost of ``top_k`` dequantised rows per row.
-    Measured on SmolLM2-135M (its Q8_0 head as per-row int8): over 512 greedy positions the exact argmax
-    always ranked within the packed head's top 2.
+    Measured with the packed head int4 (``weights: auto``), over 512 greedy positions of the parity prompts:
+    the exact argmax ranked first in the packed logits at 86 % of them and never below 8th on SmolLM2-135M
+    (its Q8_0 head), never below 10th on a random Llama-3.2-1B-shaped Q4_0 file (its Q6_K head).
     """
 
     TOP_K = 32
@@ -83,8 +84,9 @@ def packed_nbytes(model: nn.Module) -> int:
 
 
 def describe_forms(model: nn.Module) -> str:
-    """One line on the forms the model's weights took: ``"projections Int4Weight x120, lm_head Int8Weight
-    rescored, embed_tokens GGUF Q8_0 rows; 124 MiB packed"`` (``""`` when every weight is dense)."""
+    """One line on the forms the model's weights took: ``"projections Int4Weight x121, lm_head rescored from
+    the file's rows, embed_tokens the file's Q8_0 rows; 86 MiB packed"`` (``""`` when every weight is dense;
+    a packed LM head counts among the projections)."""
     forms: dict[str, int] = {}
     for module in model.modules():
         if isinstance(module, QuantizedLinear):

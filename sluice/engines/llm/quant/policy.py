@@ -8,12 +8,16 @@
 * ``int4``: projections int4 per group of 32 (a GGUF Q4_0 / Q4_1 / Q4_K tensor repacked as it is, anything
   else quantised from its values); the LM head and embeddings int8, as llama.cpp's quantiser keeps its
   output matrix at 6-8 bits (the logits are the most sensitive).
-* ``auto`` (default): a GGUF's quantisation kept where a kernel exists -- Q4_0 / Q4_1 / Q4_K projections and
-  LM head repacked to int4; other quantised types (Q8_0, Q5_*, Q6_K, the 2-3-bit ones) to int8; float
+* ``auto`` (default): a GGUF's quantisation kept where a kernel exists -- Q4_0 / Q4_1 / Q4_K projections
+  repacked to int4; other quantised projections (Q8_0, Q5_*, Q6_K, the 2-3-bit ones) to int8; float
   tensors (F32 / F16 files, HF checkpoints) stay float32; a GGUF's quantised embedding table keeps its raw
-  rows, dequantised as they are looked up (exact, and as compact as the file), and the LM head's packed
-  logits are rescored: the best 32 candidates of each row recomputed from the file's own rows
-  (``layers/quantized.py``: ``RescoredHead``), which keeps greedy picks those of the dequantised head.
+  rows, dequantised as they are looked up (exact, and as compact as the file). A GGUF's quantised LM head
+  is int4 whatever its type (repacked from Q4, else quantised from its values), and its packed logits are
+  rescored: the best 32 candidates of each row recomputed from the file's own rows (``layers/quantized.py``:
+  ``RescoredHead``), which keeps greedy picks those of the dequantised head. The packed pass only ranks the
+  vocabulary, so its precision matters little, and the head is the largest matrix a small model reads per
+  decode step: on a Llama-3.2-1B-shaped Q4_0 file (its tied Q6_K table) int4 instead of int8 cut a
+  single-request decode step from 31.6 to about 27 ms and the resident size by about 100 MB.
 
 A tied LM head and embedding table share one matrix when its form can be gathered (dense, bf16, int8); an
 int4 LM head gets the embedding table beside it. Forms that cannot take a shape (int4 needs the input size
@@ -57,6 +61,8 @@ def choose_form(role: Role, source: Source, mode: str) -> Form:
         return "float"
     if role == "embedding":
         return "gguf"
+    if role == "lm_head":  # rescored from the file's rows (rescores_head): ranking needs no more than int4
+        return int4
     return int4 if source.tensor_type in INT4_EXACT_TYPES else "int8"
 
 
