@@ -44,6 +44,13 @@ def _rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
+def _vm_rss_mb() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024.0
+    return float("nan")
+
+
 # ---------------------------------------------------------------- Sluice (runs in a child process)
 
 
@@ -54,6 +61,7 @@ def run_sluice(model: str, workload: Workload, threads: int, weights: str, kv_to
     from sluice.engines.llm import LLM, SamplingParams
 
     torch.set_num_threads(threads)
+    runtime_rss_mb = _vm_rss_mb()  # torch and Sluice imported, nothing loaded: the runtime's floor
     llm = LLM(model, weights=weights, max_num_seqs=max(1, min(64, workload.concurrency)),
               kv_cache_memory_bytes=kv_tokens * _kv_bytes_per_token(model, weights), **options)  # fmt: skip
     if llm.runner.kv_dtype.itemsize != (4 if weights == "fp32" else 2):
@@ -87,7 +95,7 @@ def run_sluice(model: str, workload: Workload, threads: int, weights: str, kv_to
     elapsed = time.perf_counter() - start
     stats = llm.stats
     return {"elapsed_s": elapsed, "output_tokens": num_tokens, "ttft_s": [first[r] - submitted[r] for r in submitted],
-            "peak_rss_mb": _rss_mb(), "extra": {"prefix_cache_hit_rate": stats.prefix_cache_hit_rate,
+            "peak_rss_mb": _rss_mb(), "extra": {"runtime_rss_mb": runtime_rss_mb, "prefix_cache_hit_rate": stats.prefix_cache_hit_rate,
                                                 "num_steps": stats.num_steps, "num_preemptions": stats.num_preemptions}}  # fmt: skip
 
 
