@@ -58,6 +58,6 @@ def test_q8_0_blocks_are_the_gguf_dequantisation_exactly() -> None:
 
 @pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q4_K", "Q8_0", "Q6_K"])
 def test_dequantize_matches_gguf_for_every_type(name: str) -> None:
-    raw = quantised_rows(name, 7, 256, seed=3)
-    got = dequantize(GGMLQuantizationType[name].value, torch.from_numpy(raw), 256)
-    assert torch.equal(got, reference(name, raw, 256))
+    raw = quantised_rows(name, 7, 768, seed=3)  # three 256-value blocks a row
+    got = dequantize(GGMLQuantizationType[name].value, torch.from_numpy(raw), 768)
+    assert torch.equal(got, reference(name, raw, 768))
