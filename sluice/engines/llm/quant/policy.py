@@ -14,10 +14,11 @@
   rows, dequantised as they are looked up (exact, and as compact as the file). A GGUF's quantised LM head
   is int4 whatever its type (repacked from Q4, else quantised from its values), and its packed logits are
   rescored: the best 32 candidates of each row recomputed from the file's own rows (``layers/quantized.py``:
-  ``RescoredHead``), which keeps greedy picks those of the dequantised head. The packed pass only ranks the
-  vocabulary, so its precision matters little, and the head is the largest matrix a small model reads per
-  decode step: on a Llama-3.2-1B-shaped Q4_0 file (its tied Q6_K table) int4 instead of int8 cut a
-  single-request decode step from 31.6 to about 27 ms and the resident size by about 100 MB.
+  ``RescoredHead``), which keeps greedy picks and the top of the distribution those of the dequantised head
+  (sampling beyond the 32 best reads the packed logits). The packed pass mostly ranks the vocabulary, so
+  int4 costs little there, and the head is the largest matrix a small model reads per decode step: on a
+  Llama-3.2-1B-shaped Q4_0 file (its tied Q6_K table) int4 instead of int8 cut a single-request decode step
+  from 31.6 to about 27 ms and the resident size by about 100 MB.
 
 A tied LM head and embedding table share one matrix when its form can be gathered (dense, bf16, int8); an
 int4 LM head gets the embedding table beside it. Forms that cannot take a shape (int4 needs the input size
