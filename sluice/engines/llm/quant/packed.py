@@ -141,33 +141,41 @@ class Int4Weight:
     @classmethod
     def from_affine(cls, q: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor) -> Int4Weight:
         """``w = q * scale + offset`` per group (``q`` ``(N, K)`` in 0..15, the others ``(N, K / 32)``)."""
-        return cls._pack([(q, scale, offset)], q.shape[0])
+        return cls._pack(iter([(q, scale, offset)]), q.shape[0], q.shape[1])
 
     @classmethod
     def from_gguf(cls, rows: GGUFRows) -> Int4Weight:
         """Repack a Q4_0 / Q4_1 / Q4_K tensor (its quants as they are), chunk by chunk."""
-        parts = [affine_int4(rows.tensor_type, rows.read(start, min(start + _PACK_ROWS, rows.num_rows)))
-                 for start in range(0, rows.num_rows, _PACK_ROWS)]  # fmt: skip
-        return cls._pack(parts, rows.num_rows)
+        parts = (affine_int4(rows.tensor_type, rows.read(start, min(start + _PACK_ROWS, rows.num_rows)))
+                 for start in range(0, rows.num_rows, _PACK_ROWS))  # fmt: skip
+        return cls._pack(parts, rows.num_rows, rows.shape[1])
 
     @classmethod
     def quantize(cls, source: torch.Tensor | GGUFRows) -> Int4Weight:
         """Asymmetric int4 of a float matrix (or a GGUF tensor's values): each group's [min, max] onto 0..15,
         as GGUF's Q4_1 does."""
-        parts = []
-        for chunk in row_chunks(source):
-            g = chunk.reshape(chunk.shape[0], -1, GROUP)
-            lo = g.amin(dim=-1)
-            scale = (g.amax(dim=-1) - lo) / 15.0
-            safe = torch.where(scale > 0, scale, torch.ones_like(scale))
-            q = torch.round((g - lo.unsqueeze(-1)) / safe.unsqueeze(-1)).clamp_(0, 15).to(torch.uint8)
-            parts.append((q.reshape(g.shape[0], -1), scale, lo))
-        return cls._pack(parts, source.shape[0])
+
+        def parts() -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+            for chunk in row_chunks(source):
+                g = chunk.reshape(chunk.shape[0], -1, GROUP)
+                lo = g.amin(dim=-1)
+                scale = (g.amax(dim=-1) - lo) / 15.0
+                safe = torch.where(scale > 0, scale, torch.ones_like(scale))
+                q = torch.round((g - lo.unsqueeze(-1)) / safe.unsqueeze(-1)).clamp_(0, 15).to(torch.uint8)
+                yield q.reshape(g.shape[0], -1), scale, lo
+
+        return cls._pack(parts(), source.shape[0], source.shape[1])
 
     @classmethod
-    def _pack(cls, parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]], num_rows: int) -> Int4Weight:
-        """Pack ``(q, scale, offset)`` row chunks (each a multiple of 64 rows but the last: _PACK_ROWS)."""
-        packed, scale_zero = [], []
+    def _pack(cls, parts: Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]], num_rows: int,
+              in_features: int) -> Int4Weight:  # fmt: skip
+        """Pack ``(q, scale, offset)`` row chunks (each a multiple of 64 rows but the last: _PACK_ROWS) into
+        buffers of the final size, one chunk at a time: nothing but the result and one chunk's temporaries is
+        ever held (collecting the chunks and joining them once held the matrix about three times over)."""
+        padded = num_rows + (-num_rows % _ROW_TILE)
+        packed = torch.empty(padded, in_features // 2, dtype=torch.uint8)
+        scale_zero = torch.empty(in_features // GROUP, padded, 2, dtype=COMPUTE_DTYPE)
+        row = 0
         for q, scale, offset in parts:
             n = q.shape[0]
             pad = -n % _ROW_TILE
@@ -176,10 +184,13 @@ class Int4Weight:
                 qi = torch.cat([qi, torch.zeros(pad, q.shape[1], dtype=torch.int32)])
                 scale = torch.cat([scale, torch.zeros(pad, scale.shape[1])])
                 offset = torch.cat([offset, torch.zeros(pad, offset.shape[1])])
-            packed.append(torch.ops.aten._convert_weight_to_int4pack_for_cpu(qi, 1))
-            zero = offset + 8.0 * scale
-            scale_zero.append(torch.stack([scale.T, zero.T], dim=-1).to(COMPUTE_DTYPE))
-        return cls(torch.cat(packed), torch.cat(scale_zero, dim=1).contiguous(), num_rows)
+            packed[row : row + n + pad] = torch.ops.aten._convert_weight_to_int4pack_for_cpu(qi, 1)
+            scale_zero[:, row : row + n + pad, 0] = scale.T
+            scale_zero[:, row : row + n + pad, 1] = (offset + 8.0 * scale).T
+            row += n + pad
+        if row != padded:
+            raise ValueError(f"packed {row} rows of {padded}: the chunks do not add up to the matrix")
+        return cls(packed, scale_zero, num_rows)
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         y = torch.ops.aten._weight_int4pack_mm_for_cpu(_to_compute(x), self.packed, GROUP, self.scale_zero)
