@@ -1,7 +1,7 @@
 """Handing freed heap memory back to the system while weights are converted.
 
-Converting a checkpoint allocates and frees temporaries of every size (float32 chunks, int32 nibbles, the
-pieces of a packed matrix before they are joined). glibc's allocator keeps most freed memory for reuse
+Converting a checkpoint allocates and frees temporaries of every size (float32 chunks, int32 nibbles, a
+chunk's packing before it is copied into place). glibc's allocator keeps most freed memory for reuse
 rather than returning it, and its growing mmap threshold sends temporaries of up to 32 MB to the heap after
 the first large free -- so the resident size creeps above what the live weights need, and the peak (what a
 container's memory limit sees) with it. :func:`release_freed_memory` after each matrix returns that slack
