@@ -44,9 +44,10 @@ def _rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-def _vm_rss_mb() -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+def _status_mb(field: str, pid: int | str = "self") -> float:
+    """A memory line of ``/proc/<pid>/status`` (``VmRSS``, ``VmHWM``) in MB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(f"{field}:"):
             return int(line.split()[1]) / 1024.0
     return float("nan")
 
@@ -61,7 +62,7 @@ def run_sluice(model: str, workload: Workload, threads: int, weights: str, kv_to
     from sluice.engines.llm import LLM, SamplingParams
 
     torch.set_num_threads(threads)
-    runtime_rss_mb = _vm_rss_mb()  # torch and Sluice imported, nothing loaded: the runtime's floor
+    runtime_rss_mb = _status_mb("VmRSS")  # torch and Sluice imported, nothing loaded: the runtime's floor
     llm = LLM(model, weights=weights, max_num_seqs=max(1, min(64, workload.concurrency)),
               kv_cache_memory_bytes=kv_tokens * _kv_bytes_per_token(model, weights), **options)  # fmt: skip
     if llm.runner.kv_dtype.itemsize != (4 if weights == "fp32" else 2):
@@ -122,13 +123,6 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _vm_hwm_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024.0
-    return float("nan")
-
-
 def run_llama_server(server: Path, model: str, workload: Workload, threads: int, slots: int,
                      log_dir: Path) -> RunResult:  # fmt: skip
     """Start ``llama-server`` with ``slots`` parallel sequences (continuous batching), each with room for the
@@ -159,7 +153,7 @@ def run_llama_server(server: Path, model: str, workload: Workload, threads: int,
         with ThreadPoolExecutor(max_workers=workload.concurrency) as pool:
             list(pool.map(one, range(len(workload.prompts))))
         elapsed = time.perf_counter() - start
-        rss = _vm_hwm_mb(proc.pid)
+        rss = _status_mb("VmHWM", proc.pid)
     finally:
         proc.terminate()
         proc.wait(timeout=30)

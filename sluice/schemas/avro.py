@@ -98,9 +98,11 @@ class _DirectAfterFirst:
     """Writing, the same way as reading: confluent-kafka's serializer for the first record (it finds the
     output schema's id, registered at setup, and says what the bytes must be); then, if the schema stands
     alone and fastavro writes that record to the same bytes, fastavro directly with the same header. With
-    the settings above the serializer runs no rules and no validation, so that is all it does per record."""
+    the settings above the serializer runs no rules and no validation, so that is all it does per record.
+    The first record decides: when it cannot go direct, the serializer writes every record and the schema
+    is not looked at again (the output schema and the serializer's framing are the same for all)."""
 
-    __slots__ = ("_serializer", "_schema", "_parsed", "_header", "_write")
+    __slots__ = ("_serializer", "_schema", "_parsed", "_header", "_write", "_undecided")
 
     def __init__(self, serializer: Any, schema: Any) -> None:
         from fastavro import schemaless_writer
@@ -109,6 +111,7 @@ class _DirectAfterFirst:
         self._parsed: Any = None
         self._header: bytes | None = None
         self._write = schemaless_writer
+        self._undecided = True
 
     def __call__(self, obj: Any, ctx: Any) -> bytes:
         if self._header is not None:
@@ -117,10 +120,12 @@ class _DirectAfterFirst:
             self._write(out, self._parsed, obj)
             return out.getvalue()
         value: bytes = self._serializer(obj, ctx)
-        self._learn(obj, value)
+        if self._undecided:
+            self._learn(obj, value)
         return value
 
     def _learn(self, obj: Any, value: bytes) -> None:
+        self._undecided = False
         if value[:1] != b"\x00":
             return
         try:

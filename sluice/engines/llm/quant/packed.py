@@ -26,7 +26,7 @@ Layouts:
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Protocol
 
 import torch
@@ -141,7 +141,7 @@ class Int4Weight:
     @classmethod
     def from_affine(cls, q: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor) -> Int4Weight:
         """``w = q * scale + offset`` per group (``q`` ``(N, K)`` in 0..15, the others ``(N, K / 32)``)."""
-        return cls._pack(iter([(q, scale, offset)]), q.shape[0], q.shape[1])
+        return cls._pack([(q, scale, offset)], q.shape[0], q.shape[1])
 
     @classmethod
     def from_gguf(cls, rows: GGUFRows) -> Int4Weight:
@@ -167,7 +167,7 @@ class Int4Weight:
         return cls._pack(parts(), source.shape[0], source.shape[1])
 
     @classmethod
-    def _pack(cls, parts: Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]], num_rows: int,
+    def _pack(cls, parts: Iterable[tuple[torch.Tensor, torch.Tensor, torch.Tensor]], num_rows: int,
               in_features: int) -> Int4Weight:  # fmt: skip
         """Pack ``(q, scale, offset)`` row chunks (each a multiple of 64 rows but the last: _PACK_ROWS) into
         buffers of the final size, one chunk at a time: nothing but the result and one chunk's temporaries is
