@@ -183,7 +183,11 @@ class Runner:
 
     # ----------------------------------------------------------------------------------- rebalances
 
+    # The cooperative-sticky protocol calls back at every rebalance of the group, with an empty list when this
+    # member gains or loses nothing: that is no event here (no log line, no flush, no rewind).
     def _on_assign(self, tps: list[TopicPartition]) -> None:
+        if not tps:
+            return
         log.info("assigned %s", names(tps))
         self._restarted_s = self.clock()
         self.observer.assigned(tps)
@@ -192,6 +196,8 @@ class Runner:
     def _on_revoke(self, tps: list[TopicPartition]) -> None:
         """Finish what is in flight for the revoked partitions, commit it, forget them. Records still queued
         (or held for the schema registry) are dropped uncommitted: the next owner processes them, once."""
+        if not tps:
+            return
         log.info("revoking %s", names(tps))
         self.intake.forget(tps)
         self.state.drop_queued(tps)
@@ -201,6 +207,8 @@ class Runner:
         self.observer.revoked(tps)
 
     def _on_lost(self, tps: list[TopicPartition]) -> None:
+        if not tps:
+            return
         log.warning("lost %s (another member owns them now); nothing of theirs will be committed", names(tps))
         self.intake.forget(tps)
         self.state.drop_queued(tps)

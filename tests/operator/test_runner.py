@@ -8,6 +8,7 @@ delivery failed, a drain that drops what was queued. Each test runs in well unde
 from __future__ import annotations
 
 import json
+import logging
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -239,3 +240,27 @@ def test_exactly_once_a_lost_partition_aborts_the_open_transaction_and_commits_n
     summary: RunSummary = runner.run()
     assert summary.error is None
     assert log.of("abort") and sink.committed_outputs == [] and source.committed == {}
+
+
+def test_empty_rebalance_callbacks_are_no_events(caplog: pytest.LogCaptureFixture) -> None:
+    """The cooperative-sticky protocol calls back with empty lists when a rebalance of the group leaves this
+    member's partitions as they are: no log line, no early commit, no abort or rewind of the open transaction
+    (every output is produced once), and the idle timer is not reset."""
+    calls = {"n": 0}
+
+    def script(source: MemorySource) -> None:
+        calls["n"] += 1
+        if calls["n"] in (3, 6, 9, 12) and source._callbacks is not None:
+            for callback in source._callbacks:  # assign, revoke, lost: each with nothing in it
+                callback([])
+
+    log = EventLog()
+    source = MemorySource(records(60), per_poll=5, clock=ManualClock(), log=log, script=script)
+    sink = MemorySink(log=log, group_offsets=source.committed)
+    caplog.set_level(logging.INFO, logger="sluice")
+    summary = start(source, sink, Upper(), EXACTLY_ONCE, idle_exit_s=1).run()
+    assert summary.error is None and calls["n"] > 12
+    assert log.of("abort") == [] and log.of("rewind") == []
+    assert offsets(sink) == list(range(60)) == offsets(sink, sink.committed_outputs)
+    messages = [r.getMessage() for r in caplog.records]
+    assert [m for m in messages if m.startswith(("assigned", "revoking", "lost"))] == ["assigned in[0]"], messages
