@@ -93,10 +93,28 @@ def _validate(args: argparse.Namespace) -> int:
     if loaded is None:
         return EXIT_FAILED
     p = loaded.pipeline
-    for warning in loaded.warnings:
+    for warning in (*loaded.warnings, *_model_warnings(loaded)):
         print(f"{args.pipeline}: warning: {warning}", file=sys.stderr)
     print(f"{args.pipeline}: ok ({p.source.describe()} -> {p.engine.type} -> {p.sink.destination})")
     return EXIT_OK
+
+
+def _model_warnings(loaded: LoadedPipeline) -> list[str]:
+    """``engine.model`` as ``sluice run`` would resolve it here (against the pipeline file's directory): a
+    warning when it would not start, since the file may be validated on another machine than the one that runs
+    it (a CI job linting pipelines), where the model is not fetched or the path differs."""
+    model = getattr(loaded.engine_options, "model", None)
+    if not isinstance(model, str):
+        return []
+    try:
+        from sluice.models import ModelError, resolve_model
+    except ImportError:  # models support not installed
+        return []
+    try:
+        resolve_model(model, base_dir=loaded.base_dir)
+    except ModelError as err:
+        return [f"engine.model: {err}; 'sluice run' on this machine would stop at start"]
+    return []
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -112,6 +112,24 @@ def test_validate_command_accepts_the_examples() -> None:
         assert ": ok (" in proc.stdout
 
 
+def test_validate_warns_when_the_model_would_not_resolve_where_run_looks(tmp_path: Path) -> None:
+    """``sluice validate`` resolves ``engine.model`` as ``sluice run`` does, against the pipeline file's
+    directory: a model that is not there is a warning naming what to do (the file may be meant for another
+    machine, so it still exits 0); a relative path that exists next to the file is no warning, from any cwd."""
+    pipelines = tmp_path / "pipelines"
+    (pipelines / "models" / "mine").mkdir(parents=True)
+    engine = "  function: examples.functions.text:shout\n"
+    for model, warned in (("./models/missing", True), ("models/mine", False)):
+        path = pipelines / "p.yaml"
+        path.write_text(GOOD.replace(engine, f"  factory: examples.functions.text:shout\n  model: {model}\n"))
+        proc = subprocess.run([sys.executable, "-m", "sluice.cli", "validate", str(path)], capture_output=True,
+                              text=True, timeout=60, cwd=tmp_path)
+        assert proc.returncode == 0 and ": ok (" in proc.stdout, proc.stderr
+        assert ("warning: engine.model: model path" in proc.stderr) is warned, proc.stderr
+        if warned:
+            assert str(pipelines / "models" / "missing") in proc.stderr and "would stop at start" in proc.stderr
+
+
 def test_missing_file_is_a_clear_error(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "sluice.cli", "validate", str(tmp_path / "nope.yaml")],
                           capture_output=True, text=True, timeout=60)
