@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps({"facts": facts, "rows": rows}, indent=2) + "\n")
-    header = (f"Sluice vs llama-server vs HF generate, {args.threads} threads, "
+    header = (f"Sluice vs llama-server vs HF generate, {facts['cpu']}, {args.threads} threads, "
               f"OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}, load average at the end "
               f"{facts['load_avg'][0]:.2f} / {facts['load_avg'][1]:.2f} / {facts['load_avg'][2]:.2f}")  # fmt: skip
     text = markdown(rows, header)

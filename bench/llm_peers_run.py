@@ -11,6 +11,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import platform
 import resource
 import socket
 import subprocess
@@ -260,4 +261,20 @@ def in_child(engine: str, workload: str, fn: Any, *args: Any) -> RunResult:
 
 
 def environment_note() -> dict[str, Any]:
-    return {"load_avg": os.getloadavg(), "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY")}
+    return {"load_avg": os.getloadavg(), "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "cpu": cpu_note()}
+
+
+_SIMD = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_int8", "avx_vnni")
+
+
+def cpu_note() -> str:
+    """The CPU's model name and the SIMD extensions both engines' kernels pick from: the ratios depend on them
+    (llama.cpp has AVX-512 / AMX paths that torch's int4 kernel has not), so a table names its CPU."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor() or "unknown CPU"
+    fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+    fields = {k.strip(): v.strip() for k, v in fields.items()}
+    flags = set(fields.get("flags", "").split())
+    return f"{fields.get('model name', 'unknown CPU')} ({', '.join(f for f in _SIMD if f in flags) or 'no AVX2'})"
