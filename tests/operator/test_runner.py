@@ -244,8 +244,8 @@ def test_exactly_once_a_lost_partition_aborts_the_open_transaction_and_commits_n
 
 def test_empty_rebalance_callbacks_are_no_events(caplog: pytest.LogCaptureFixture) -> None:
     """The cooperative-sticky protocol calls back with empty lists when a rebalance of the group leaves this
-    member's partitions as they are: no log line, no early commit, no abort or rewind of the open transaction
-    (every output is produced once), and the idle timer is not reset."""
+    member's partitions as they are: no log line, and no abort or rewind of the open exactly-once transaction
+    (every output is produced once)."""
     calls = {"n": 0}
 
     def script(source: MemorySource) -> None:
