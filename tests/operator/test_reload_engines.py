@@ -21,6 +21,7 @@ from sluice.operator.observer import Observer
 from sluice.operator.reload.outcome import ReloadOutcome
 from sluice.operator.reload.reloader import Phase
 from sluice.operator.runner import Runner
+from sluice.operator.state import Switch
 from tests.operator.memory import ManualClock, MemorySink, MemorySource, pipeline
 
 RELOAD = "reload: {watch: true, poll_interval_s: 0.02, settle_s: 0}"
@@ -49,8 +50,11 @@ class Outcomes(Observer):
 def run_with_swaps(engine_yaml: str, values: list[Any], swaps: list[tuple[int, Callable[[], None], str]],
                    per_poll: int = 8, input_field: str = "text") -> tuple[list[tuple[str, Any, Any]], Outcomes, Runner]:
     """Run ``values`` through the pipeline; at each ``(records handed out, swap, wait for)`` the swap runs
-    and the intake waits until the reloader is ``ready`` or has ``failed``. Returns (model header, input,
-    result) per output, by input offset."""
+    and the intake waits until the reloader is ``ready`` or has ``failed``. After ``ready`` the next poll
+    also waits until the engine thread has sealed the old engine's records: the switch comes at the engine's
+    next batch, and without the wait the intake can read the rest of a short input before the engine thread
+    is scheduled (it did once in CI, on 2 slow cores), leaving nothing for the new model. Returns (model
+    header, input, result) per output, by input offset."""
     loaded = pipeline(extra=f"engine: {engine_yaml}\nbatching: {{max_batch_size: 8, max_queue_delay_ms: 5}}\n"
                              f'codec: {{format: json, input_field: "{input_field}"}}\n')
     observer = Outcomes()
@@ -58,7 +62,15 @@ def run_with_swaps(engine_yaml: str, values: list[Any], swaps: list[tuple[int, C
     reloader = build_reloader(loaded, engine, started, observer)
     pending = list(swaps)
 
+    offered = [False]  # a ready engine was handed over at the end of the last poll: wait for its seal
+
     def script(source: MemorySource) -> None:
+        if offered[0]:
+            offered[0] = False
+            deadline = time.monotonic() + 60
+            while runner.state.switch is Switch.OFFERED:
+                assert time.monotonic() < deadline, "the engine thread never sealed the old engine's records"
+                time.sleep(0.005)
         if pending and source.num_handed_out >= pending[0][0]:
             _, swap, until = pending.pop(0)
             done = len(observer.seen)
@@ -67,6 +79,7 @@ def run_with_swaps(engine_yaml: str, values: list[Any], swaps: list[tuple[int, C
             while not (reloader.phase is Phase.READY if until == "ready" else len(observer.seen) > done):
                 assert time.monotonic() < deadline, f"no reload outcome: {observer.seen}"
                 time.sleep(0.005)
+            offered[0] = until == "ready"
 
     records = [(json.dumps(v if input_field == "." else {input_field: v}).encode(), None, []) for v in values]
     source = MemorySource(records, per_poll=per_poll, clock=ManualClock(), script=script)
