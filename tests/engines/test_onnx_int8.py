@@ -3,6 +3,8 @@
 The int8 file is made once beside the model and found again; the vectors stay close to the float32
 engine's on 200 varied texts (cosine, the figure the engine also logs at start on its probe texts); a
 record's vector still depends only a little on its batch mates (activations are quantised per batch).
+Smoothing leaves the float32 model's outputs as they were, calibrated with the model's tokenizer or,
+without one, on random ids; a model whose inputs are not token ids is left unsmoothed.
 """
 
 from __future__ import annotations
@@ -39,7 +41,8 @@ def model_copy(minilm_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Pa
     """MiniLM in a folder of its own, so that the int8 file this module makes beside it is its own."""
     folder = tmp_path_factory.mktemp("minilm")
     for f in minilm_dir.iterdir():
-        (shutil.copytree if f.is_dir() else shutil.copy)(f, folder / f.name)
+        if ".int8-" not in f.name:  # an int8 file the engine made beside the shared model is not this test's
+            (shutil.copytree if f.is_dir() else shutil.copy)(f, folder / f.name)
     return folder
 
 
@@ -60,7 +63,7 @@ def test_int8_vectors_stay_close_to_float32_and_the_file_is_cached(model_copy: P
     got, want = _vectors(int8, texts), _vectors(reference, texts)
     cosines = (got * want).sum(axis=1)  # both unit length
     print(f"\nMiniLM int8 vs float32 on 200 varied texts: cosine min {cosines.min():.4f}, mean {cosines.mean():.4f}")
-    assert cosines.mean() >= 0.99 and cosines.min() >= 0.95
+    assert cosines.mean() >= 0.994 and cosines.min() >= 0.98  # 0.9954 / 0.9863 seen (0.991 / 0.967 unsmoothed)
     # found again, not made again: same file, same bytes
     mtime = made[0].stat().st_mtime_ns
     assert int8_model(model_copy / "model.onnx") == made[0] and made[0].stat().st_mtime_ns == mtime
@@ -83,3 +86,46 @@ def test_int8_goes_to_the_cache_when_the_model_folder_is_read_only(model_copy: P
     out = int8_model(folder / "model.onnx", cache_dir=tmp_path / "cache")
     assert out.parent == tmp_path / "cache" and out.is_file() and not list(folder.glob("*.int8-*"))
     assert int8_model(folder / "model.onnx", cache_dir=tmp_path / "cache") == out
+
+
+def _mean_pooled(model: Any, ids: np.ndarray) -> np.ndarray:
+    import onnxruntime
+
+    session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    feeds = {i.name: ids if i.name == "input_ids" else (np.ones_like(ids) if i.name == "attention_mask" else
+             np.zeros_like(ids)) for i in session.get_inputs()}  # fmt: skip
+    return np.asarray(session.run(None, feeds)[0]).mean(axis=1)
+
+
+@pytest.mark.parametrize("with_tokenizer", [True, False])
+def test_smoothing_leaves_the_float32_model_as_it_was(minilm_dir: Path, with_tokenizer: bool) -> None:
+    import onnx
+
+    from sluice.engines.backends.onnx_int8 import _narrowing, _smooth
+
+    original = onnx.load(str(minilm_dir / "model.onnx"))
+    smoothed = onnx.load(str(minilm_dir / "model.onnx"))
+    narrowing = _narrowing(smoothed)
+    assert len(narrowing) == 6 and all("output/dense" in n and "attention" not in n for n in narrowing)  # FFN outputs
+    count = _smooth(smoothed, skip=set(narrowing[:1]),
+                    tokenizer=minilm_dir / "tokenizer.json" if with_tokenizer else None)  # fmt: skip
+    assert count == 35  # 6 layers x (Q, K, V, attention output, FFN input, FFN output), but the one kept float32
+    assert sum(n.op_type == "Mul" for n in smoothed.graph.node) == sum(n.op_type == "Mul" for n in original.graph.node) + 35
+    ids = np.asarray([[101, 7592, 2088, 999, 102], [101, 2023, 2003, 1037, 3231]], dtype=np.int64)
+    want, got = _mean_pooled(original, ids), _mean_pooled(smoothed, ids)
+    assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max()
+
+
+def test_a_model_without_token_inputs_is_not_smoothed() -> None:
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from sluice.engines.backends.onnx_int8 import _smooth
+
+    weight = numpy_helper.from_array(np.ones((4, 2), dtype=np.float32), "w")
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2])], [weight])  # fmt: skip
+    model = helper.make_model(graph)
+    assert _smooth(model, skip=set()) == 0 and [n.op_type for n in model.graph.node] == ["MatMul"]
+    onnx.checker.check_model(model)

@@ -68,11 +68,11 @@ def onnx_file(files: ModelFiles, request: LoadRequest, export_cache_dir: str | N
         raise EngineStartError(str(err)) from None
 
 
-def _int8(model_file: Path) -> Path:
+def _int8(model_file: Path, model_dir: Path | None) -> Path:
     from sluice.engines.backends.onnx_int8 import int8_model
 
     try:
-        return int8_model(model_file)
+        return int8_model(model_file, tokenizer_dir=model_dir)
     except ImportError as err:
         raise EngineStartError(f"quantize: int8 needs onnxruntime's quantisation tools ({err}); install the onnx "
                                "extra (it brings the onnx package)") from None
@@ -119,7 +119,7 @@ class OnnxBackend(Backend):
         assert self._files is not None  # locate() comes first
         model_file = onnx_file(self._files, request, self.options.export_cache_dir, self.context)
         if getattr(self.options, "quantize", "none") == "int8":
-            model_file = _int8(model_file)
+            model_file = _int8(model_file, request.model_dir)
         self.load_request = request
         providers = onnx_providers.available_providers(ort, self.options.providers)
         try:
