@@ -129,3 +129,28 @@ def test_a_model_without_token_inputs_is_not_smoothed() -> None:
     model = helper.make_model(graph)
     assert _smooth(model, skip=set()) == 0 and [n.op_type for n in model.graph.node] == ["MatMul"]
     onnx.checker.check_model(model)
+
+
+def test_a_model_the_calibration_cannot_run_is_quantised_unsmoothed(tmp_path: Path,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:  # fmt: skip
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from sluice.engines.backends.onnx_int8 import _smooth
+
+    # token ids reshaped to a fixed (2, 3): the random calibration sequences of other lengths cannot run
+    inits = [numpy_helper.from_array(np.random.default_rng(0).normal(size=(50, 8)).astype(np.float32), "emb"),
+             numpy_helper.from_array(np.ones((8, 4), dtype=np.float32), "w"),
+             numpy_helper.from_array(np.asarray([2, 3], dtype=np.int64), "shape")]  # fmt: skip
+    nodes = [helper.make_node("Reshape", ["input_ids", "shape"], ["ids"], name="reshape"),
+             helper.make_node("Gather", ["emb", "input_ids"], ["h0"], name="gather"),
+             helper.make_node("Gather", ["emb", "ids"], ["h"], name="gather_fixed"),
+             helper.make_node("MatMul", ["h", "w"], ["y"], name="mm")]  # fmt: skip
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("input_ids", TensorProto.INT64, [2, None])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3, 4])], inits)  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    with caplog.at_level(logging.WARNING):
+        assert _smooth(model, skip=set()) == 0
+    assert "int8 calibration failed" in caplog.text and [n.op_type for n in model.graph.node][-1] == "MatMul"
+    onnx.save(model, tmp_path / "model.onnx")
+    assert int8_model(tmp_path / "model.onnx").is_file()  # quantised all the same
