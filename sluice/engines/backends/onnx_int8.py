@@ -39,6 +39,7 @@ import hashlib
 import logging
 import os
 import tempfile
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -131,12 +132,14 @@ def _smooth(model: Any, skip: set[str], tokenizer: Path | None = None) -> int:
     from onnx import helper, numpy_helper
 
     weights = {t.name: t for t in model.graph.initializer if len(t.dims) == 2}
-    targets = [n for n in model.graph.node
-               if n.op_type == "MatMul" and len(n.input) == 2 and n.input[1] in weights and n.name not in skip]  # fmt: skip
+    uses = Counter(name for n in model.graph.node for name in n.input)
+    # a weight read by more than one node (tied) cannot take one matmul's factors without changing the others
+    targets = [n for n in model.graph.node if n.op_type == "MatMul" and len(n.input) == 2 and n.name not in skip
+               and n.input[1] in weights and uses[n.input[1]] == 1]  # fmt: skip
     amax = _input_amax(model, sorted({n.input[0] for n in targets}), _calibration_ids(model, tokenizer))
     if amax is None:
         return 0
-    smoothed = 0
+    muls: dict[str, Any] = {}  # MatMul name -> the Mul node that goes right before it
     for node in targets:
         x_max = amax.get(node.input[0])
         w = numpy_helper.to_array(weights[node.input[1]]).astype(np.float32)  # (in, out)
@@ -149,10 +152,12 @@ def _smooth(model: Any, skip: set[str], tokenizer: Path | None = None) -> int:
         model.graph.initializer.append(inverse)
         mul = helper.make_node("Mul", [node.input[0], inverse.name], [f"{node.name}/smoothed"], name=f"{node.name}/smooth")
         node.input[0] = mul.output[0]
-        position = list(model.graph.node).index(node)
-        model.graph.node.insert(position, mul)
-        smoothed += 1
-    return smoothed
+        muls[node.name] = mul
+    if muls:  # one rebuild of the node list, each Mul just before its MatMul (topological order kept)
+        nodes = [new for node in model.graph.node for new in ((muls[node.name], node) if node.name in muls else (node,))]
+        del model.graph.node[:]
+        model.graph.node.extend(nodes)
+    return len(muls)
 
 
 def _calibration_ids(model: Any, tokenizer: Path | None) -> list[np.ndarray] | None:
