@@ -5,7 +5,16 @@ all of them together ``max_in_flight``. Pausing only the partitions over their s
 hands out each fetch partition by partition, so with all partitions paused and resumed together the one
 served first in every fetch crowds the others out (seen: a partition that got no record at all). A paused
 partition keeps being polled for (so the group never evicts it) and resumes below half its share, once the
-total is below the low mark. Intake thread only.
+total is below the low mark.
+
+Pausing happens between polls, so one poll must not take more than a partition has room for: a fetch
+response holds thousands of records of one partition, and a poll of the whole free window would hand all of
+it to whichever partition librdkafka queued first -- after every resume the same one (seen: two partitions
+sharing all output, the third none, under load). So near the shares a poll is capped at the room the
+fullest unpaused partition has left (at least a quarter share, so polls do not shrink to one record):
+no partition holds more than 1.25 times its share, and the others get the rest of the window. The runner
+applies the pauses again right after each poll, before delivery reports free room: otherwise a partition
+each poll fills to its share is back under it by the next pass and is never paused. Intake thread only.
 """
 
 from __future__ import annotations
@@ -31,9 +40,20 @@ class Backpressure:
 
     def poll_limit(self, records_left: int | None) -> int:
         """How many records the next poll may take: never past the in-flight bound (a poll of up to
-        ``poll_batch`` would overshoot it) nor past ``records_left`` (``--max-records``)."""
+        ``poll_batch`` would overshoot it) nor past ``records_left`` (``--max-records``), and near the
+        partitions' shares not past the room of the fullest partition still fetching (see the module)."""
+        total = self.state.ledger.num_in_flight
         limit = self.poll_batch if records_left is None else min(self.poll_batch, records_left)
-        return min(limit, max(1, self.max_in_flight - self.state.ledger.num_in_flight))
+        limit = min(limit, max(1, self.max_in_flight - total))
+        assignment = self.source.assignment
+        if not assignment:
+            return limit
+        share = max(1, self.max_in_flight // len(assignment))
+        if total + limit <= share:
+            return limit  # no partition can pass its share in this poll: the common case
+        ledger, paused = self.state.ledger, self.source.paused_partitions
+        fullest = max((ledger.num_in_flight_of(tp) for tp in assignment if tp not in paused), default=0)
+        return min(limit, max(share - fullest, share // 4, 1))
 
     def apply(self) -> None:
         """Pause the partitions over their share; resume those with room again."""

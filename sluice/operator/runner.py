@@ -151,6 +151,7 @@ class Runner:
                 if records:
                     self.intake.take(records, now)
                     last_record = now
+                    self.backpressure.apply()  # pause a partition the poll filled before reports free room
                 if self.intake.has_stalls:
                     if self.intake.retry_stalled(now):
                         self._restarted_s = now  # their later records come now: idle time starts over
