@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from sluice.engines.llm.kernels import native_cpu
 from sluice.engines.llm.kernels.torch_ops import attend
 
 Window = int | None  # a sliding window in positions; None = full causal attention
@@ -78,6 +79,7 @@ class CpuAttentionPlan:
     # per window: (num_decodes, 1, 1, max_blocks * block_size) bool, True = key visible
     decode_masks: dict[Window, torch.Tensor] = field(default_factory=dict)
     decode_only: bool = False  # every sequence decodes one token: query row i is decode row i
+    decode_lens: torch.Tensor | None = None  # (num_decodes,) int64 KV length of each decode row's sequence
     short: ShortQueryPlan | None = None  # sequences with a few new tokens (speculative verifies)
     prefills: list[PrefillPlan] = field(default_factory=list)
 
@@ -151,6 +153,7 @@ def plan_cpu_attention(
         plan.decode_rows = torch.tensor(decode_rows, dtype=torch.int64)
         plan.decode_only = len(decode_rows) == len(query_lens)
         plan.decode_blocks = torch.tensor(table, dtype=torch.int64)
+        plan.decode_lens = lens_t.view(-1)
         full = positions < lens_t
         for w in keys:
             visible = full if w is None or w >= max(lens) else full & (positions >= lens_t - w)
@@ -226,6 +229,10 @@ def _cpu_store_and_attend(
     params: AttentionParams,
 ) -> torch.Tensor:
     model_dtype, kv_dtype = query.dtype, k_cache.dtype
+    native = (plan.decode_rows is not None and kv_dtype in _NATIVE_DTYPES and k_cache.is_contiguous()
+              and v_cache.is_contiguous() and native_cpu.enabled() and native_cpu.load() is not None)
+    if native and plan.decode_only:  # the common step: one native call stores and attends every row
+        return _native_decode(query, key, value, k_cache, v_cache, slot_mapping, plan, params).to(model_dtype)
     # a bf16 pool under fp32 activations (packed weights): attend in the pool's dtype
     query, key, value = (t if t.dtype == kv_dtype else t.to(kv_dtype) for t in (query, key, value))
     num_tokens, num_heads, head_dim = query.shape
@@ -236,7 +243,12 @@ def _cpu_store_and_attend(
     v_flat = v_cache.view(-1, num_kv_heads, head_dim)
     k_flat.index_copy_(0, slot_mapping, key)
     v_flat.index_copy_(0, slot_mapping, value)
-    if plan.decode_rows is not None and plan.decode_blocks is not None:
+    if native and plan.decode_rows is not None:  # stored above: the kernel only attends
+        o = _native_decode(query.index_select(0, plan.decode_rows), None, None, k_cache, v_cache, None, plan,
+                           params)  # fmt: skip
+        out = torch.empty_like(query)
+        out.index_copy_(0, plan.decode_rows, o.to(out.dtype))
+    elif plan.decode_rows is not None and plan.decode_blocks is not None:
         n = plan.decode_rows.shape[0]
         # The `group` query heads sharing a KV head become `group` query rows of one attention problem.
         q = query if plan.decode_only else query.index_select(0, plan.decode_rows)
@@ -262,6 +274,33 @@ def _cpu_store_and_attend(
         o = attend(q, k, v, p.masks[window], scale, softcap, causal=p.masks[window] is None)
         out[p.q_start : p.q_end] = o.squeeze(0).transpose(0, 1)
     return out if out.dtype == model_dtype else out.to(model_dtype)
+
+
+_NATIVE_DTYPES = (torch.float32, torch.bfloat16)  # the caches the native decode kernel reads
+_NOTHING, _NO_SLOTS = torch.empty(0), torch.empty(0, dtype=torch.int64)  # "stored already"
+
+
+def _native_decode(
+    query: torch.Tensor,  # (n, num_heads, head_dim): the decode rows only
+    key: torch.Tensor | None,  # (n, num_kv_heads, head_dim); None with slot_mapping None = stored already
+    value: torch.Tensor | None,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor | None,
+    plan: CpuAttentionPlan,
+    params: AttentionParams,
+) -> torch.Tensor:  # (n, num_heads, head_dim) in query's dtype (float32 for another)
+    assert plan.decode_blocks is not None and plan.decode_lens is not None
+    n = query.shape[0]
+    dtype = query.dtype if query.dtype in _NATIVE_DTYPES else torch.float32
+    q = query.to(dtype)
+    k = _NOTHING if key is None else key.to(dtype)
+    v = _NOTHING if value is None else value.to(dtype)
+    slots = _NO_SLOTS if slot_mapping is None else slot_mapping
+    out = native_cpu.decode_attention(q, k, v, k_cache, v_cache, slots, plan.decode_blocks.view(n, -1),
+                                         plan.decode_lens, params.scale, params.sliding_window, params.softcap)
+    assert out is not None  # load() succeeded before this was called
+    return out
 
 
 def _attend_short(

@@ -54,9 +54,13 @@ def greedy(llm: LLM, prompts: list[list[int]]) -> list[list[int]]:
 
 def assert_agrees(packed: LLM, reference: LLM, prompts: list[list[int]], tie: float = TIE,
                   logprob_tolerance: float = TIE) -> int:  # fmt: skip
-    """Next-token log-probs close after every prompt; greedy runs equal up to a near-tie of the reference
-    (the tiny models' flat distributions have many: few runs stay equal for all 20 tokens, which is why
-    the check is at the first divergence). Returns the number of runs equal throughout."""
+    """Next-token log-probs close after every prompt; greedy runs equal up to a divergence that the
+    weights' rounding explains: a near-tie of the reference, or a token that the packed model's own full
+    forward over the same context also picks (up to a near-tie of its own) -- the packed weights prefer it
+    there, so the decode path (KV cache, decode attention) is not what diverged. The second case shows up
+    late in a run, where the tiny models' quantised log-probs stray furthest (the tiny models' flat
+    distributions have many near-ties: few runs stay equal for all 20 tokens, which is why the check is at
+    the first divergence). Returns the number of runs equal throughout."""
     from tests.engines.llm.conftest import logprobs_after
 
     for prompt in prompts:
@@ -70,7 +74,10 @@ def assert_agrees(packed: LLM, reference: LLM, prompts: list[list[int]], tie: fl
             same += 1
             continue
         lp = logprobs_after(reference.runner.model, prompt + ref[:i])
-        assert float(lp[ref[i]] - lp[mine[i]]) < tie, f"token {i}: not a near-tie of the reference"
+        if float(lp[ref[i]] - lp[mine[i]]) < tie:
+            continue  # a near-tie of the reference
+        own = logprobs_after(packed.runner.model, prompt + ref[:i])
+        assert float(own.max() - own[mine[i]]) < tie, f"token {i}: neither the reference's nor the packed forward's"
     return same
 
 

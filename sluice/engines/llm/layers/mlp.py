@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from sluice.engines.llm.config import ModelConfig
+from sluice.engines.llm.kernels import native_cpu
 
 # HF's names: silu (Llama, Qwen, Mistral, Phi-3), gelu_pytorch_tanh (Gemma), gelu (exact erf)
 ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
@@ -29,5 +30,9 @@ class GatedMLP(nn.Module):
         self.act = ACTIVATIONS[cfg.hidden_act]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (num_tokens, hidden) -> same
-        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
+        gate_up = self.gate_up_proj(x)
+        if (self.act is F.silu and gate_up.dtype == torch.bfloat16 and gate_up.device.type == "cpu"
+                and gate_up.dim() == 2 and not gate_up.requires_grad and native_cpu.usable()):
+            return self.down_proj(native_cpu.silu_mul(gate_up))  # packed projections' bf16: one call, not three
+        gate, up = gate_up.split(self.intermediate_size, dim=-1)
         return self.down_proj(self.act(gate) * up)

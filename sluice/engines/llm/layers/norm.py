@@ -4,6 +4,8 @@ in fp32, cast after), each matching its HF transformers module operation by oper
 Where the arithmetic is the same, torch's fused ``F.rms_norm`` computes it in one call instead of six
 (``x * rsqrt(mean(x^2) + eps) * w`` in fp32: bit for bit HF's for float32 inputs, and for Gemma's
 multiply-then-cast at any dtype); a Llama norm of bf16 / fp16 activations keeps HF's cast-then-multiply.
+On the CPU a float32 Llama norm runs in the native kernel (:mod:`..kernels.native_cpu`): the same formula
+in one call, equal to torch's to float32 rounding (its sum of squares is added up in another order).
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from sluice.engines.llm.kernels import native_cpu
 
 
 class RMSNorm(nn.Module):
@@ -27,6 +31,8 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., hidden) -> same
         if x.dtype == torch.float32 and self.weight.dtype == torch.float32:
+            if x.device.type == "cpu" and not x.requires_grad and native_cpu.usable():
+                return native_cpu.rms_norm(x, self.weight, self.eps)  # one call, not six: ~1 us, not ~8
             return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         return self.weight * self.normalized(x).to(x.dtype)
 

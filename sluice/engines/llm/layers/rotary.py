@@ -23,6 +23,7 @@ import math
 import torch
 
 from sluice.engines.llm.config import RopeConfig
+from sluice.engines.llm.kernels import native_cpu
 
 
 def _default_inv_freq(base: float | torch.Tensor, dim: int) -> torch.Tensor:
@@ -149,11 +150,17 @@ def _cos_sin(freqs: torch.Tensor, attention_factor: float) -> tuple[torch.Tensor
     return emb.cos() * attention_factor, emb.sin() * attention_factor
 
 
+_NATIVE_DTYPES = (torch.float32, torch.bfloat16)
+
+
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate ``x`` (num_tokens, num_heads, head_dim) by ``cos``/``sin`` (num_tokens, 1, rotary_dim).
 
     Dims past ``rotary_dim`` pass through unchanged (partial rotary).
     """
+    if (x.device.type == "cpu" and x.dtype in _NATIVE_DTYPES and cos.dtype == x.dtype == sin.dtype
+            and not x.requires_grad and native_cpu.usable()):
+        return native_cpu.rotary(x, cos, sin)  # one call, not seven
     rotary_dim = cos.shape[-1]
     if rotary_dim == x.shape[-1]:
         return _rotate(x, cos, sin)

@@ -1,0 +1,142 @@
+"""The native CPU decode-attention kernel (``native/decode_attention.cpp``): compiled once per machine.
+
+At a small decode batch a CPU decode step spends as much time in torch's per-operation cost as in the
+weights' matmuls: a layer's attention is some ten ops of a few microseconds each (two ``index_copy``
+stores, two block gathers into a padded copy, views, a mask, SDPA), its RMSNorm six, its rotary seven,
+thirty layers a step. These kernels do each of those in one call:
+
+* ``decode_attention``: the store and the attention of every one-token row, reading K and V in place
+  through the block table (prefetched: the rows are scattered over blocks), in float32 arithmetic
+  (bfloat16 queries and caches widened as they are read);
+* ``rms_norm`` (float32 rows), ``rotary`` (float32: bit for bit torch's; bfloat16 rounded once) and
+  ``silu_mul`` (the gated MLP's bfloat16 ``silu(gate) * up``, rounded once).
+
+Measured on a 2-core AMD EPYC (Zen 4), SmolLM2-135M with ``weights: auto``: decode attention 15-25 us a
+layer against 40-75 for the torch path at one sequence, RMSNorm ~1 us against ~8.
+
+Built with ``torch.utils.cpp_extension`` (a C++ compiler and ninja, ``-O3 -march=native``) into
+``<sluice cache>/kernels/``, keyed by the source, torch's version and the CPU's flags, so it is compiled
+once per machine (~30-60 s on two cores) and loaded from there afterwards; concurrent builds wait on
+torch's lock in that folder. Where it cannot be built (no compiler, no ninja, a build error) the engine logs
+why, once, and keeps the torch path: same results to float rounding, slower at small batches.
+``SLUICE_NATIVE_KERNELS=0`` turns it off.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import os
+import platform
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+log = logging.getLogger(__name__)
+
+ENV = "SLUICE_NATIVE_KERNELS"
+_SOURCE = Path(__file__).with_name("native") / "cpu_ops.cpp"
+
+
+def enabled() -> bool:
+    """False when ``SLUICE_NATIVE_KERNELS=0`` (read on every call, so tests can compare both paths)."""
+    return os.environ.get(ENV, "1") != "0"
+
+
+def _cpu_identity() -> str:
+    """What ``-march=native`` compiles for: the CPU's flags (a cache dir shared between hosts stays safe)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return line
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def usable() -> bool:
+    """Enabled and built (the first call builds it: blocks while compiling)."""
+    return enabled() and load() is not None
+
+
+def build_key() -> str:
+    """The build's cache key: source, torch version, CPU flags."""
+    digest = hashlib.sha256(_SOURCE.read_bytes())
+    digest.update(torch.__version__.encode())
+    digest.update(_cpu_identity().encode())
+    return digest.hexdigest()[:16]
+
+
+@functools.cache
+def load() -> ModuleType | None:
+    """The compiled module, or None (logged once) where it cannot be built. Blocks while compiling."""
+    from sluice.models import default_cache_dir
+
+    key = build_key()
+    build_dir = default_cache_dir() / "kernels" / f"cpu_ops-{key}"
+    try:
+        from torch.utils import cpp_extension
+
+        build_dir.mkdir(parents=True, exist_ok=True)
+        first = not any(build_dir.glob("*.so"))
+        if first:
+            log.info("compiling the native decode-attention kernel for this machine (once, ~1 min) into %s",
+                     build_dir)
+        module = cpp_extension.load(
+            name=f"sluice_cpu_ops_{key}", sources=[str(_SOURCE)], build_directory=str(build_dir),
+            extra_cflags=["-O3", "-march=native", "-fopenmp", "-fno-math-errno"], extra_ldflags=["-fopenmp"], verbose=False,
+        )  # fmt: skip
+    except Exception as exc:  # no compiler, no ninja, a compile error: the torch path still works
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        log.warning("native decode attention unavailable (%s); decode steps use the torch path "
+                    "(set %s=0 to skip the attempt)", reason[:300], ENV)
+        return None
+    return module
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Llama's RMSNorm of float32 rows on the CPU; call only where :func:`usable`."""
+    module = load()
+    assert module is not None
+    out: torch.Tensor = module.rms_norm(x, weight, eps)
+    return out
+
+
+def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding of (n, heads, head_dim) rows, float32 or bfloat16 (cos / sin in x's dtype); call
+    only where :func:`usable`. Float32 results are bit for bit torch's ``x * cos + rotated * sin``."""
+    module = load()
+    assert module is not None
+    out: torch.Tensor = module.rotary(x, cos, sin)
+    return out
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up`` of bfloat16 ``[gate | up]`` rows, rounded once; call only where :func:`usable`."""
+    module = load()
+    assert module is not None
+    out: torch.Tensor = module.silu_mul(gate_up)
+    return out
+
+
+def decode_attention(
+    query: torch.Tensor,  # (n, num_heads, head_dim) float32 or bfloat16
+    key: torch.Tensor,  # (n, num_kv_heads, head_dim) in query's dtype
+    value: torch.Tensor,
+    k_cache: torch.Tensor,  # (num_blocks, block_size, num_kv_heads, head_dim) float32 or bfloat16
+    v_cache: torch.Tensor,
+    slots: torch.Tensor,  # (n,) int64 where key/value go; an empty tensor = stored already
+    blocks: torch.Tensor,  # (n, max_blocks) int64 block table rows, padded
+    lens: torch.Tensor,  # (n,) int64 KV length after this step
+    scale: float,
+    window: int | None,
+    softcap: float | None,
+) -> torch.Tensor | None:  # (n, num_heads, head_dim) in query's dtype; None = kernel unavailable
+    module = load()
+    if module is None:
+        return None
+    out: torch.Tensor = module.decode_attention(query, key, value, k_cache, v_cache, slots, blocks, lens, scale,
+                                                window or 0, softcap or 0.0)  # fmt: skip
+    return out
