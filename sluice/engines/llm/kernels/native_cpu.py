@@ -29,6 +29,7 @@ import hashlib
 import logging
 import os
 import platform
+import threading
 from pathlib import Path
 from types import ModuleType
 
@@ -69,9 +70,17 @@ def build_key() -> str:
     return digest.hexdigest()[:16]
 
 
+_LOCK = threading.Lock()  # one build per process, whichever thread (engine, reload) asks first
+
+
 @functools.cache
 def load() -> ModuleType | None:
     """The compiled module, or None (logged once) where it cannot be built. Blocks while compiling."""
+    with _LOCK:
+        return _build()
+
+
+def _build() -> ModuleType | None:
     from sluice.models import default_cache_dir
 
     key = build_key()

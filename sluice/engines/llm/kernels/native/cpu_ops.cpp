@@ -33,6 +33,17 @@ inline void load_row(const c10::BFloat16* src, float* dst, int64_t d) {
   for (int64_t j = 0; j < d; ++j) dst[j] = std::bit_cast<float>(static_cast<uint32_t>(bits[j]) << 16);
 }
 
+// A cache row as float32: a float32 row in place, a bfloat16 row widened into ``buf``.
+template <typename T>
+inline const float* widened(const T* row, float* buf, int64_t d) {
+  if constexpr (std::is_same_v<T, float>) {
+    return row;
+  } else {
+    load_row(row, buf, d);
+    return buf;
+  }
+}
+
 template <typename T>
 inline void prefetch_row(const T* row, int64_t d) {
   const char* bytes = reinterpret_cast<const char*>(row);
@@ -110,14 +121,7 @@ void attend(const torch::Tensor& query, const torch::Tensor& k_cache, const torc
       for (int64_t p = 0; p < span; ++p) {
         if (p + ahead < span) prefetch_row(k_all + row_of[p + ahead], d);
         prefetch_row(v_all + row_of[p], d);
-        const T* k = k_all + row_of[p];
-        const float* kf;
-        if constexpr (std::is_same_v<T, float>) {
-          kf = k;
-        } else {
-          load_row(k, krow.data(), d);
-          kf = krow.data();
-        }
+        const float* kf = widened(k_all + row_of[p], krow.data(), d);
         for (int64_t g = 0; g < group; ++g) {
           float s = dot(q + g * d, kf, d) * fscale;
           if (fcap > 0.f) s = fcap * std::tanh(s / fcap);
@@ -142,14 +146,7 @@ void attend(const torch::Tensor& query, const torch::Tensor& k_cache, const torc
       }
       std::fill(acc.begin(), acc.end(), 0.f);
       for (int64_t p = 0; p < span; ++p) {
-        const T* v = v_all + row_of[p];
-        const float* vf;
-        if constexpr (std::is_same_v<T, float>) {
-          vf = v;
-        } else {
-          load_row(v, krow.data(), d);
-          vf = krow.data();
-        }
+        const float* vf = widened(v_all + row_of[p], krow.data(), d);
         for (int64_t g = 0; g < group; ++g) {
           const float w = scores[g * span + p];
           float* a = acc.data() + g * d;
