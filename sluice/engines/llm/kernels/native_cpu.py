@@ -8,8 +8,8 @@ thirty layers a step. These kernels do each of those in one call:
 * ``decode_attention``: the store and the attention of every one-token row, reading K and V in place
   through the block table (prefetched: the rows are scattered over blocks), in float32 arithmetic
   (bfloat16 queries and caches widened as they are read);
-* ``rms_norm`` (float32 rows), ``rotary`` (float32: bit for bit torch's; bfloat16 rounded once) and
-  ``silu_mul`` (the gated MLP's bfloat16 ``silu(gate) * up``, rounded once).
+* ``rms_norm`` (float32 rows), ``rotary`` (bit for bit the torch path's, float32 and bfloat16) and
+  ``silu_mul`` (the gated MLP's bfloat16 ``silu(gate) * up``, rounded as torch rounds it).
 
 Measured on a 2-core AMD EPYC (Zen 4), SmolLM2-135M with ``weights: auto``: decode attention 15-25 us a
 layer against 40-75 for the torch path at one sequence, RMSNorm ~1 us against ~8.
@@ -115,7 +115,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotary embedding of (n, heads, head_dim) rows, float32 or bfloat16 (cos / sin in x's dtype); call
-    only where :func:`usable`. Float32 results are bit for bit torch's ``x * cos + rotated * sin``."""
+    only where :func:`usable`. Bit for bit torch's ``x * cos + rotated * sin`` in either dtype."""
     module = load()
     assert module is not None
     out: torch.Tensor = module.rotary(x, cos, sin)
@@ -123,7 +123,8 @@ def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
-    """``silu(gate) * up`` of bfloat16 ``[gate | up]`` rows, rounded once; call only where :func:`usable`."""
+    """``silu(gate) * up`` of bfloat16 ``[gate | up]`` rows, rounded as torch's bf16 ops round (silu, then
+    the product); call only where :func:`usable`."""
     module = load()
     assert module is not None
     out: torch.Tensor = module.silu_mul(gate_up)

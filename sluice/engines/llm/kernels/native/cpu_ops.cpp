@@ -33,6 +33,17 @@ inline void load_row(const c10::BFloat16* src, float* dst, int64_t d) {
   for (int64_t j = 0; j < d; ++j) dst[j] = std::bit_cast<float>(static_cast<uint32_t>(bits[j]) << 16);
 }
 
+// x as the dtype T would hold it (bfloat16: rounded to nearest even; float: as it is), kept in a float.
+template <typename T>
+inline float rounded(float x) {
+  if constexpr (std::is_same_v<T, float>) {
+    return x;
+  } else {
+    const uint32_t bits = std::bit_cast<uint32_t>(x);
+    return std::bit_cast<float>((bits + 0x7FFFu + ((bits >> 16) & 1u)) & 0xFFFF0000u);
+  }
+}
+
 // A cache row as float32: a float32 row in place, a bfloat16 row widened into ``buf``.
 template <typename T>
 inline const float* widened(const T* row, float* buf, int64_t d) {
@@ -251,9 +262,9 @@ torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps) {
 
 // Rotary embedding of float32 / bfloat16 heads: rows (n, heads, head_dim) with any token stride, cos / sin
 // (n, 1, rotary_dim) in the rows' dtype. Dim j < rotary_dim / 2 becomes x_j cos_j - x_{j+half} sin_j, dim
-// j + half becomes x_{j+half} cos_{j+half} + x_j sin_{j+half}; dims past rotary_dim are copied. In float32
-// each product is rounded before the sum (no fused multiply-add): bit for bit torch's x * cos + rotated * sin.
-// bfloat16 is computed in float32 and rounded once (torch rounds each product and the sum).
+// j + half becomes x_{j+half} cos_{j+half} + x_j sin_{j+half}; dims past rotary_dim are copied. Rounded as
+// torch's x * cos + rotated * sin is, product by product then the sum (no fused multiply-add; in bfloat16
+// each to bfloat16): bit for bit the torch path's result in both dtypes.
 template <typename T>
 __attribute__((optimize("fp-contract=off"))) void rotate_rows(const T* x, int64_t token_stride, const T* cos,
                                                               const T* sin, T* out, int64_t n, int64_t heads,
@@ -268,8 +279,9 @@ __attribute__((optimize("fp-contract=off"))) void rotate_rows(const T* x, int64_
 #pragma omp simd
       for (int64_t j = 0; j < half; ++j) {
         const float lo = static_cast<float>(a[j]), hi = static_cast<float>(a[j + half]);
-        const float p1 = lo * static_cast<float>(c[j]), p2 = hi * static_cast<float>(s[j]);
-        const float p3 = hi * static_cast<float>(c[j + half]), p4 = lo * static_cast<float>(s[j + half]);
+        const float p1 = rounded<T>(lo * static_cast<float>(c[j])), p2 = rounded<T>(hi * static_cast<float>(s[j]));
+        const float p3 = rounded<T>(hi * static_cast<float>(c[j + half]));
+        const float p4 = rounded<T>(lo * static_cast<float>(s[j + half]));
         o[j] = static_cast<T>(p1 - p2);
         o[j + half] = static_cast<T>(p3 + p4);
       }
@@ -299,8 +311,9 @@ torch::Tensor rotary(torch::Tensor x, torch::Tensor cos, torch::Tensor sin) {
   return out;
 }
 
-// The gated MLP's silu(gate) * up of bfloat16 rows (n, 2 * inter) [gate | up] -> (n, inter), in float32,
-// rounded once.
+// The gated MLP's silu(gate) * up of bfloat16 rows (n, 2 * inter) [gate | up] -> (n, inter), rounded as
+// torch's bfloat16 F.silu(gate) * up is: silu to bfloat16, then the product (its exp is not torch's, so a
+// value on a rounding boundary can land one bfloat16 step away).
 torch::Tensor silu_mul(torch::Tensor gate_up) {
   TORCH_CHECK(gate_up.dim() == 2 && gate_up.size(1) % 2 == 0 && gate_up.scalar_type() == at::kBFloat16,
               "silu_mul: (n, 2 * inter) bfloat16");
@@ -317,7 +330,7 @@ torch::Tensor silu_mul(torch::Tensor gate_up) {
       load_row(src + r * 2 * inter + inter, u.data(), inter);
       c10::BFloat16* o = dst + r * inter;
 #pragma omp simd
-      for (int64_t j = 0; j < inter; ++j) g[j] = g[j] / (1.f + std::exp(-g[j])) * u[j];
+      for (int64_t j = 0; j < inter; ++j) g[j] = rounded<c10::BFloat16>(g[j] / (1.f + std::exp(-g[j]))) * u[j];
       for (int64_t j = 0; j < inter; ++j) o[j] = static_cast<c10::BFloat16>(g[j]);
     }
   });
