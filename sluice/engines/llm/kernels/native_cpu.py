@@ -91,16 +91,16 @@ def _build() -> ModuleType | None:
         build_dir.mkdir(parents=True, exist_ok=True)
         first = not any(build_dir.glob("*.so"))
         if first:
-            log.info("compiling the native decode-attention kernel for this machine (once, ~1 min) into %s",
-                     build_dir)
+            log.info("compiling the native CPU kernels (decode attention, RMSNorm, rotary, silu*mul) for this "
+                     "machine, once (~1 min), into %s", build_dir)
         module = cpp_extension.load(
             name=f"sluice_cpu_ops_{key}", sources=[str(_SOURCE)], build_directory=str(build_dir),
             extra_cflags=["-O3", "-march=native", "-fopenmp", "-fno-math-errno"], extra_ldflags=["-fopenmp"], verbose=False,
         )  # fmt: skip
     except Exception as exc:  # no compiler, no ninja, a compile error: the torch path still works
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        log.warning("native decode attention unavailable (%s); decode steps use the torch path "
-                    "(set %s=0 to skip the attempt)", reason[:300], ENV)
+        log.warning("native CPU kernels unavailable (%s); the LLM engine uses the torch path, slower at small "
+                    "batches (needs a C++ compiler and ninja; set %s=0 to skip the attempt)", reason[:300], ENV)
         return None
     return module
 

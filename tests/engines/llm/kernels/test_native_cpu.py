@@ -120,7 +120,7 @@ def test_a_machine_without_a_compiler_keeps_the_torch_path(monkeypatch: pytest.M
     try:
         with caplog.at_level(logging.WARNING):
             assert native_cpu.load() is None
-        assert "native decode attention unavailable (Ninja is required" in caplog.text
+        assert "native CPU kernels unavailable (Ninja is required" in caplog.text
         lens = [5, 9]
         q, k, v, k_cache, v_cache, slots, tables = _decode_step(lens, 4, 2, 8, 4, torch.float32, seed=3)
         meta = _meta(lens, tables, slots, 4, 2, None)
