@@ -45,14 +45,13 @@ class Backpressure:
         total = self.state.ledger.num_in_flight
         limit = self.poll_batch if records_left is None else min(self.poll_batch, records_left)
         limit = min(limit, max(1, self.max_in_flight - total))
-        assignment = self.source.assignment
-        if not assignment:
+        if not self.source.assignment:
             return limit
-        share = max(1, self.max_in_flight // len(assignment))
+        share = self._share()
         if total + limit <= share:
             return limit  # no partition can pass its share in this poll: the common case
         ledger, paused = self.state.ledger, self.source.paused_partitions
-        fullest = max((ledger.num_in_flight_of(tp) for tp in assignment if tp not in paused), default=0)
+        fullest = max((ledger.num_in_flight_of(tp) for tp in self.source.assignment if tp not in paused), default=0)
         return min(limit, max(share - fullest, share // 4, 1))
 
     def apply(self) -> None:
@@ -61,7 +60,7 @@ class Backpressure:
         total, paused = ledger.num_in_flight, source.paused_partitions
         if not source.assignment or (not paused and total < self.max_in_flight // len(source.assignment)):
             return  # nothing can be over its share: the common case costs two lookups
-        share = max(1, self.max_in_flight // len(source.assignment))
+        share = self._share()
         over_total = total >= self.max_in_flight
         to_pause, to_resume = [], []
         for tp in source.assignment:
@@ -79,6 +78,10 @@ class Backpressure:
         if to_resume:
             source.resume(to_resume)
             log.debug("resumed %s: %d records in flight", names(to_resume), total)
+
+    def _share(self) -> int:
+        """Each assigned partition's share of the in-flight bound (partitions assigned: at least one)."""
+        return max(1, self.max_in_flight // len(self.source.assignment))
 
     def assigned(self, tps: list[TopicPartition]) -> None:
         """A rebalance must not undo backpressure: new partitions start paused while over the bound."""

@@ -185,8 +185,8 @@ def _cpu_store_and_attend(
     params: AttentionParams,
 ) -> torch.Tensor:
     model_dtype, kv_dtype = query.dtype, k_cache.dtype
-    native = (plan.decode_rows is not None and kv_dtype in _NATIVE_DTYPES and k_cache.is_contiguous()
-              and v_cache.is_contiguous() and native_cpu.enabled() and native_cpu.load() is not None)
+    native = (plan.decode_rows is not None and kv_dtype in native_cpu.DTYPES and k_cache.is_contiguous()
+              and v_cache.is_contiguous() and native_cpu.usable())
     if native and plan.decode_only:  # the common step: one native call stores and attends every row
         return _native_decode(query, key, value, k_cache, v_cache, slot_mapping, plan, params).to(model_dtype)
     # a bf16 pool under fp32 activations (packed weights): attend in the pool's dtype
@@ -232,7 +232,6 @@ def _cpu_store_and_attend(
     return out if out.dtype == model_dtype else out.to(model_dtype)
 
 
-_NATIVE_DTYPES = (torch.float32, torch.bfloat16)  # the caches the native decode kernel reads
 _NOTHING, _NO_SLOTS = torch.empty(0), torch.empty(0, dtype=torch.int64)  # "stored already"
 
 
@@ -248,12 +247,10 @@ def _native_decode(
 ) -> torch.Tensor:  # (n, num_heads, head_dim) in query's dtype (float32 for another)
     assert plan.decode_blocks is not None and plan.decode_lens is not None
     n = query.shape[0]
-    dtype = query.dtype if query.dtype in _NATIVE_DTYPES else torch.float32
+    dtype = query.dtype if query.dtype in native_cpu.DTYPES else torch.float32
     q = query.to(dtype)
     k = _NOTHING if key is None else key.to(dtype)
     v = _NOTHING if value is None else value.to(dtype)
     slots = _NO_SLOTS if slot_mapping is None else slot_mapping
-    out = native_cpu.decode_attention(q, k, v, k_cache, v_cache, slots, plan.decode_blocks.view(n, -1),
-                                         plan.decode_lens, params.scale, params.sliding_window, params.softcap)
-    assert out is not None  # load() succeeded before this was called
-    return out
+    return native_cpu.decode_attention(q, k, v, k_cache, v_cache, slots, plan.decode_blocks.view(n, -1),
+                                       plan.decode_lens, params.scale, params.sliding_window, params.softcap)

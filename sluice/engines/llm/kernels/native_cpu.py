@@ -1,4 +1,4 @@
-"""The native CPU decode-attention kernel (``native/decode_attention.cpp``): compiled once per machine.
+"""The native CPU kernels of the LLM engine (``native/cpu_ops.cpp``): compiled once per machine.
 
 At a small decode batch a CPU decode step spends as much time in torch's per-operation cost as in the
 weights' matmuls: a layer's attention is some ten ops of a few microseconds each (two ``index_copy``
@@ -57,9 +57,24 @@ def _cpu_identity() -> str:
     return platform.processor() or platform.machine()
 
 
+DTYPES = (torch.float32, torch.bfloat16)  # what the kernels read and write
+
+
 def usable() -> bool:
     """Enabled and built (the first call builds it: blocks while compiling)."""
     return enabled() and load() is not None
+
+
+def takes(x: torch.Tensor) -> bool:
+    """Whether ``x`` may go through a kernel: a CPU tensor outside autograd, the kernels usable (the
+    callers check dtypes and shapes)."""
+    return x.device.type == "cpu" and not x.requires_grad and usable()
+
+
+def _ops() -> ModuleType:
+    module = load()
+    assert module is not None, "a native kernel called where usable() is False"
+    return module
 
 
 def build_key() -> str:
@@ -107,27 +122,21 @@ def _build() -> ModuleType | None:
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """Llama's RMSNorm of float32 rows on the CPU; call only where :func:`usable`."""
-    module = load()
-    assert module is not None
-    out: torch.Tensor = module.rms_norm(x, weight, eps)
+    out: torch.Tensor = _ops().rms_norm(x, weight, eps)
     return out
 
 
 def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotary embedding of (n, heads, head_dim) rows, float32 or bfloat16 (cos / sin in x's dtype); call
     only where :func:`usable`. Bit for bit torch's ``x * cos + rotated * sin`` in either dtype."""
-    module = load()
-    assert module is not None
-    out: torch.Tensor = module.rotary(x, cos, sin)
+    out: torch.Tensor = _ops().rotary(x, cos, sin)
     return out
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """``silu(gate) * up`` of bfloat16 ``[gate | up]`` rows, rounded as torch's bf16 ops round (silu, then
     the product); call only where :func:`usable`."""
-    module = load()
-    assert module is not None
-    out: torch.Tensor = module.silu_mul(gate_up)
+    out: torch.Tensor = _ops().silu_mul(gate_up)
     return out
 
 
@@ -143,10 +152,7 @@ def decode_attention(
     scale: float,
     window: int | None,
     softcap: float | None,
-) -> torch.Tensor | None:  # (n, num_heads, head_dim) in query's dtype; None = kernel unavailable
-    module = load()
-    if module is None:
-        return None
-    out: torch.Tensor = module.decode_attention(query, key, value, k_cache, v_cache, slots, blocks, lens, scale,
+) -> torch.Tensor:  # (n, num_heads, head_dim) in query's dtype; call only where usable()
+    out: torch.Tensor = _ops().decode_attention(query, key, value, k_cache, v_cache, slots, blocks, lens, scale,
                                                 window or 0, softcap or 0.0)  # fmt: skip
     return out

@@ -31,8 +31,7 @@ class GatedMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (num_tokens, hidden) -> same
         gate_up = self.gate_up_proj(x)
-        if (self.act is F.silu and gate_up.dtype == torch.bfloat16 and gate_up.device.type == "cpu"
-                and gate_up.dim() == 2 and not gate_up.requires_grad and native_cpu.usable()):
+        if self.act is F.silu and gate_up.dtype == torch.bfloat16 and gate_up.dim() == 2 and native_cpu.takes(gate_up):
             return self.down_proj(native_cpu.silu_mul(gate_up))  # packed projections' bf16: one call, not three
         gate, up = gate_up.split(self.intermediate_size, dim=-1)
         return self.down_proj(self.act(gate) * up)

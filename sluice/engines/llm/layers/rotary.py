@@ -150,16 +150,12 @@ def _cos_sin(freqs: torch.Tensor, attention_factor: float) -> tuple[torch.Tensor
     return emb.cos() * attention_factor, emb.sin() * attention_factor
 
 
-_NATIVE_DTYPES = (torch.float32, torch.bfloat16)
-
-
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate ``x`` (num_tokens, num_heads, head_dim) by ``cos``/``sin`` (num_tokens, 1, rotary_dim).
 
     Dims past ``rotary_dim`` pass through unchanged (partial rotary).
     """
-    if (x.device.type == "cpu" and x.dtype in _NATIVE_DTYPES and cos.dtype == x.dtype == sin.dtype
-            and not x.requires_grad and native_cpu.usable()):
+    if x.dtype in native_cpu.DTYPES and cos.dtype == x.dtype == sin.dtype and native_cpu.takes(x):
         return native_cpu.rotary(x, cos, sin)  # one call, not seven
     rotary_dim = cos.shape[-1]
     if rotary_dim == x.shape[-1]:
