@@ -2,9 +2,9 @@
 
 The int8 file is made once beside the model and found again; the vectors stay close to the float32
 engine's on 200 varied texts (cosine, the figure the engine also logs at start on its probe texts); a
-record's vector still depends only a little on its batch mates (activations are quantised per batch).
-Smoothing leaves the float32 model's outputs as they were, calibrated with the model's tokenizer or,
-without one, on random ids; a model whose inputs are not token ids is left unsmoothed.
+record's vector does not depend on its batch mates (activations are quantised per token). The calibration
+plan splits a damaging matmul's outlier channels off to float32 and keeps float32 only what that cannot mend;
+a model whose inputs are not token ids, or that the calibration cannot run, is quantised whole.
 """
 
 from __future__ import annotations
@@ -56,21 +56,21 @@ def test_int8_vectors_stay_close_to_float32_and_the_file_is_cached(model_copy: P
     # the encoder's matmul weights int8 (a quarter of their bytes); the embedding tables stay float32
     assert made[0].stat().st_size < 0.7 * (model_copy / "model.onnx").stat().st_size
     low, mean = int8.int8_agreement or (0.0, 0.0)
-    assert low > 0.95 and mean > 0.98
+    assert low > 0.99 and mean > 0.995  # 0.9953 / 0.9977 seen
     assert f"min {low:.4f}, mean {mean:.4f}" in caplog.text  # reported at start
     reference = _engine(model_copy)
     texts = varied_texts(200)
     got, want = _vectors(int8, texts), _vectors(reference, texts)
     cosines = (got * want).sum(axis=1)  # both unit length
     print(f"\nMiniLM int8 vs float32 on 200 varied texts: cosine min {cosines.min():.4f}, mean {cosines.mean():.4f}")
-    assert cosines.mean() >= 0.994 and cosines.min() >= 0.98  # 0.9954 / 0.9863 seen (0.991 / 0.967 unsmoothed)
+    assert cosines.mean() >= 0.997 and cosines.min() >= 0.99  # 0.9984 / 0.9946 seen (0.9953 / 0.9863 smoothed, per batch)
     # found again, not made again: same file, same bytes
     mtime = made[0].stat().st_mtime_ns
     assert int8_model(model_copy / "model.onnx") == made[0] and made[0].stat().st_mtime_ns == mtime
-    # batch mates move a vector a little (activation scales are per batch), never far
+    # batch mates and their padding leave a vector as it was: activation scales are per token
     alone = _vectors(int8, ["short review"])[0]
     mixed = _vectors(int8, ["short review", "a much longer review with many words " * 20, "👍"])[0]
-    assert float(alone @ mixed) > 0.98  # 0.988 seen: a short text beside a long one
+    assert float(alone @ mixed) > 0.99999  # 0.99999997 seen (0.988 with per-batch scales)
 
 
 def test_int8_goes_to_the_cache_when_the_model_folder_is_read_only(model_copy: Path, tmp_path: Path,
@@ -88,55 +88,72 @@ def test_int8_goes_to_the_cache_when_the_model_folder_is_read_only(model_copy: P
     assert int8_model(folder / "model.onnx", cache_dir=tmp_path / "cache") == out
 
 
-def _mean_pooled(model: Any, ids: np.ndarray) -> np.ndarray:
-    import onnxruntime
-
-    session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    feeds = {i.name: ids if i.name == "input_ids" else (np.ones_like(ids) if i.name == "attention_mask" else
-             np.zeros_like(ids)) for i in session.get_inputs()}  # fmt: skip
-    return np.asarray(session.run(None, feeds)[0]).mean(axis=1)
-
-
-@pytest.mark.parametrize("with_tokenizer", [True, False])
-def test_smoothing_leaves_the_float32_model_as_it_was(minilm_dir: Path, with_tokenizer: bool) -> None:
-    import onnx
-
-    from sluice.engines.backends.onnx_int8 import _narrowing, _smooth
-
-    original = onnx.load(str(minilm_dir / "model.onnx"))
-    smoothed = onnx.load(str(minilm_dir / "model.onnx"))
-    narrowing = _narrowing(smoothed)
-    assert len(narrowing) == 6 and all("output/dense" in n and "attention" not in n for n in narrowing)  # FFN outputs
-    count = _smooth(smoothed, skip=set(narrowing[:1]),
-                    tokenizer=minilm_dir / "tokenizer.json" if with_tokenizer else None)  # fmt: skip
-    assert count == 35  # 6 layers x (Q, K, V, attention output, FFN input, FFN output), but the one kept float32
-    assert sum(n.op_type == "Mul" for n in smoothed.graph.node) == sum(n.op_type == "Mul" for n in original.graph.node) + 35
-    ids = np.asarray([[101, 7592, 2088, 999, 102], [101, 2023, 2003, 1037, 3231]], dtype=np.int64)
-    want, got = _mean_pooled(original, ids), _mean_pooled(smoothed, ids)
-    assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max()
-
-
-def test_a_model_without_token_inputs_is_not_smoothed() -> None:
-    import onnx
+def _token_model(outlier: float, channels: int = 1, layers: int = 8) -> Any:
+    """input_ids -> embedding (32 wide) -> matmul ``first`` -> ``layers`` more matmuls. The embedding's first
+    ``channels`` channels are ``outlier`` for every token and ``first`` ignores them: float32 does not notice,
+    but per-token int8 spends its whole range on them and rounds the other channels away."""
     from onnx import TensorProto, helper, numpy_helper
 
-    from sluice.engines.backends.onnx_int8 import _smooth
+    rng = np.random.default_rng(0)
+    emb = rng.normal(size=(50, 32))
+    emb[:, :channels] = outlier
+    first = rng.normal(size=(32, 32)) / 4
+    first[:channels] = 0.0
+    inits = [numpy_helper.from_array(emb.astype(np.float32), "emb"), numpy_helper.from_array(first.astype(np.float32), "w0")]
+    nodes = [helper.make_node("Gather", ["emb", "input_ids"], ["h"], name="embed"),
+             helper.make_node("MatMul", ["h", "w0"], ["h0"], name="first")]  # fmt: skip
+    for i in range(1, layers + 1):
+        inits.append(numpy_helper.from_array((rng.normal(size=(32, 32)) / 4).astype(np.float32), f"w{i}"))
+        nodes.append(helper.make_node("MatMul", [f"h{i - 1}", f"w{i}"], [f"h{i}"], name=f"layer{i}"))
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["b", "s"])],
+                              [helper.make_tensor_value_info(f"h{layers}", TensorProto.FLOAT, None)], inits)  # fmt: skip
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_the_plan_splits_outlier_channels_off_and_keeps_float32_only_what_that_cannot_mend(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:  # fmt: skip
+    import onnx
+
+    from sluice.engines.backends.onnx_int8_plan import KEEP_FLOAT_SHARE, MAX_OUTLIERS, plan
+
+    # one outlier channel: split off, nothing kept float32 (random ids: there is no tokenizer)
+    one = plan(_token_model(outlier=1000.0), None)
+    assert one.outliers == {"h": [0]} and one.kept == () and len(one.quantise) == 9
+    assert max(one.damage, key=one.damage.__getitem__) == "first" and one.damage["first"] > 0.5
+    # more outlier channels than a split takes: "first" stays float32 (room for one matmul in the budget)
+    many = plan(_token_model(outlier=1000.0, channels=MAX_OUTLIERS + 4), None)
+    assert many.kept == ("first",) and "first" not in many.quantise and len(many.outliers["h"]) == MAX_OUTLIERS
+    assert 1024 <= KEEP_FLOAT_SHARE * 9 * 1024 < 2048
+    # without outliers nothing stands out enough to need a remedy: every matmul plainly int8
+    calm = plan(_token_model(outlier=1.0), None)
+    assert calm.kept == () and calm.outliers == {} and len(calm.quantise) == 9
+    # and the file made from the first plan: one Gemm adds the split channel's share, no float32 MatMul left
+    onnx.save(_token_model(outlier=1000.0), tmp_path / "model.onnx")
+    with caplog.at_level(logging.INFO):
+        out = onnx.load(str(int8_model(tmp_path / "model.onnx")))
+    assert "int8: 9 of 9 constant-weight matmuls quantised, 1 outlier channels of 1 of their inputs" in caplog.text
+    ops = [n.op_type for n in out.graph.node]
+    assert ops.count("MatMulIntegerToFloat") == 9 and ops.count("Gemm") == 1 and "MatMul" not in ops
+
+
+def test_a_model_without_token_inputs_is_quantised_whole(tmp_path: Path) -> None:
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
 
     weight = numpy_helper.from_array(np.ones((4, 2), dtype=np.float32), "w")
     graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], "g",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2])], [weight])  # fmt: skip
-    model = helper.make_model(graph)
-    assert _smooth(model, skip=set()) == 0 and [n.op_type for n in model.graph.node] == ["MatMul"]
-    onnx.checker.check_model(model)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "model.onnx")
+    out = onnx.load(str(int8_model(tmp_path / "model.onnx")))
+    assert [n.op_type for n in out.graph.node].count("MatMulIntegerToFloat") == 1
+    assert "MatMul" not in [n.op_type for n in out.graph.node]
 
 
-def test_a_model_the_calibration_cannot_run_is_quantised_unsmoothed(tmp_path: Path,
-                                                                   caplog: pytest.LogCaptureFixture) -> None:  # fmt: skip
+def test_a_model_the_calibration_cannot_run_is_quantised_whole(tmp_path: Path,
+                                                              caplog: pytest.LogCaptureFixture) -> None:  # fmt: skip
     import onnx
     from onnx import TensorProto, helper, numpy_helper
-
-    from sluice.engines.backends.onnx_int8 import _smooth
 
     # token ids reshaped to a fixed (2, 3): the random calibration sequences of other lengths cannot run
     inits = [numpy_helper.from_array(np.random.default_rng(0).normal(size=(50, 8)).astype(np.float32), "emb"),
@@ -148,9 +165,8 @@ def test_a_model_the_calibration_cannot_run_is_quantised_unsmoothed(tmp_path: Pa
              helper.make_node("MatMul", ["h", "w"], ["y"], name="mm")]  # fmt: skip
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("input_ids", TensorProto.INT64, [2, None])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3, 4])], inits)  # fmt: skip
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "model.onnx")
     with caplog.at_level(logging.WARNING):
-        assert _smooth(model, skip=set()) == 0
-    assert "int8 calibration failed" in caplog.text and [n.op_type for n in model.graph.node][-1] == "MatMul"
-    onnx.save(model, tmp_path / "model.onnx")
-    assert int8_model(tmp_path / "model.onnx").is_file()  # quantised all the same
+        out = onnx.load(str(int8_model(tmp_path / "model.onnx")))
+    assert "int8 calibration failed" in caplog.text
+    assert [n.op_type for n in out.graph.node].count("MatMulIntegerToFloat") == 1

@@ -74,8 +74,8 @@ def _int8(model_file: Path, model_dir: Path | None) -> Path:
     try:
         return int8_model(model_file, tokenizer_dir=model_dir)
     except ImportError as err:
-        raise EngineStartError(f"quantize: int8 needs onnxruntime's quantisation tools ({err}); install the onnx "
-                               "extra (it brings the onnx package)") from None
+        raise EngineStartError(f"quantize: int8 needs the onnx package to rewrite the model ({err}); install the onnx "
+                               "extra") from None
     except Exception as err:  # onnx / onnxruntime raise their own types for graphs they cannot quantise
         raise EngineStartError(f"cannot quantise {model_file} to int8: {first_line(err)}; use quantize: none") from None
 
