@@ -12,7 +12,8 @@ in two orders:
 
 Only ``infer`` is timed (tokenising runs on the operator's intake thread, overlapped). Each configuration
 runs whole windows until its time budget is spent, so the script stays under ~3 minutes on 2 cores per
-``--quantize`` mode; the modes take turns on every configuration, so their ratio comes from one run. With
+``--quantize`` mode; the modes take turns window by window (:func:`time_interleaved`), so they run the same
+records in the same seconds and their ratio comes from one run and one workload. With
 both modes, the int8 engine's cosine to the float32 vectors on 200 varied texts (``tests/support/texts.py``,
 batches of 32 in arrival order) is reported too.
 Prints a table and writes ``bench/results/embed_engine.json``.
@@ -113,6 +114,32 @@ def time_batches(engine: Any, items: Sequence[Any], batch_size: int, policy: Pol
     return Measurement(policy, batch_size, num_records, elapsed_s, num_records / elapsed_s, num_real, num_padded)
 
 
+def time_interleaved(engines: dict[str, Any], items: Sequence[Any], batch_size: int, policy: Policy, *,
+                     window: int = 256, budget_s: float = math.inf) -> dict[str, Measurement]:
+    """:func:`time_batches` for several engines at once, window by window in turn: every engine runs the same
+    records in the same seconds, so a slow spell of a shared machine falls on all of them alike. Stops at a
+    window boundary once the engines have spent ``budget_s`` each on average."""
+    lengths = [next(iter(engines.values())).item_length(item) for item in items]
+    batches = cut_batches(lengths, batch_size, policy, window)
+    per_window = math.ceil(window / batch_size)
+    spent = dict.fromkeys(engines, 0.0)
+    num_records = num_real = num_padded = 0
+    for start in range(0, len(batches), per_window):
+        group = batches[start : start + per_window]
+        for mode, engine in engines.items():
+            began = time.perf_counter()
+            for batch in group:
+                engine.infer([items[i] for i in batch])
+            spent[mode] += time.perf_counter() - began
+        num_records += sum(len(b) for b in group)
+        num_real += sum(lengths[i] for b in group for i in b)
+        num_padded += sum(len(b) * max(lengths[i] for i in b) for b in group)
+        if sum(spent.values()) > budget_s * len(engines):
+            break
+    return {mode: Measurement(policy, batch_size, num_records, s, num_records / s, num_real, num_padded)
+            for mode, s in spent.items()}  # fmt: skip
+
+
 def _build_engine(model: str, threads: int, quantize: str = "none") -> Any:
     from sluice.engines.base import EngineContext
     from sluice.engines.onnx import ENGINE_TYPE, OnnxOptions
@@ -156,13 +183,14 @@ def main(argv: list[str] | None = None) -> int:
 
     rows = []
     for batch_size in [int(b) for b in args.batch_sizes.split(",")]:
-        for mode, eng in engines.items():  # the modes take turns on each configuration
-            fifo = time_batches(eng, items, batch_size, "fifo", window=args.window, budget_s=args.budget_s)
-            # At batch 1 both orders run the very same batches; measure once.
-            ordered = fifo if batch_size == 1 else time_batches(eng, items, batch_size, "sorted",
-                                                                 window=args.window, budget_s=args.budget_s)
+        fifos = time_interleaved(engines, items, batch_size, "fifo", window=args.window, budget_s=args.budget_s)
+        # At batch 1 both orders run the very same batches; measure once.
+        sorts = fifos if batch_size == 1 else time_interleaved(engines, items, batch_size, "sorted",
+                                                               window=args.window, budget_s=args.budget_s)
+        for mode in engines:
+            fifo, ordered = fifos[mode], sorts[mode]
             rows.append({"quantize": mode, "batch_size": batch_size, "fifo": asdict(fifo), "sorted": asdict(ordered),
-                         "ratio_sorted_over_fifo": ordered.records_per_s / fifo.records_per_s})
+                         "ratio_sorted_over_fifo": ordered.records_per_s / fifo.records_per_s})  # fmt: skip
     base = {r["batch_size"]: r for r in rows if r["quantize"] == modes[0]}
     for row in rows:
         first = base[row["batch_size"]]
