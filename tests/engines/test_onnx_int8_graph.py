@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from sluice.engines.backends.onnx_int8_graph import candidates, quantize_matmuls, quantize_weight
+from sluice.engines.backends.onnx_int8_graph import candidates, name_nodes, quantize_matmuls, quantize_weight
 
 K = 16
 
@@ -133,3 +133,16 @@ def test_only_constant_float_matrices_are_candidates() -> None:
     model = helper.make_model(graph)
     assert [(c.name, c.elements) for c in candidates(model)] == [("const", 2 * K)]
     assert quantize_matmuls(model, {"activations", "half", "batched"}) == 0  # not candidates: left alone
+
+
+def test_unnamed_matmuls_are_named_and_rewritten_each_as_itself() -> None:
+    model, weights = _model(17)
+    for node in model.graph.node:
+        node.name = ""  # ONNX allows unnamed nodes; a set of names would collapse them into one
+    name_nodes(model)
+    names = [c.name for c in candidates(model)]
+    assert len(set(names)) == 3 and all(names)
+    assert quantize_matmuls(model, set(names[:2])) == 2
+    x = np.random.default_rng(4).normal(size=(1, 3, K))
+    y2 = _run(model, x)[0]
+    np.testing.assert_allclose(y2, _reference(x, weights["w2"]), rtol=1e-5, atol=1e-7)

@@ -6,9 +6,10 @@ are from the float32 model's.
 The few matmuls whose rounding damages the outputs most are found end to end on built-in calibration texts
 (:mod:`onnx_int8_plan`) and get their input's outlier channels split off to float32, or, where that is not
 enough, stay float32. On MiniLM-L6 over 200 varied texts (none of them calibration texts) the cosine to the
-float32 vectors is min 0.9946, mean 0.9984 (9 outlier channels of 6 inputs split off, no matmul kept float32). Every matmul plainly int8: min 0.978; ONNX Runtime's
-``quantize_dynamic``, which this replaced, scales activations per tensor, so one outlier channel of one long
-text cost every short text in its batch its resolution (min 0.967).
+float32 vectors is min 0.9946, mean 0.9984 (9 outlier channels of 6 inputs split off, no matmul kept
+float32). Every matmul plainly int8: min 0.978; ONNX Runtime's ``quantize_dynamic``, which this replaced,
+scales activations per tensor, so one outlier channel of one long text cost every short text in its batch
+its resolution (min 0.967).
 
 Cache: ``<model>.int8-<key>.onnx`` beside the model, or under ``<cache>/exports/int8/`` where the model's
 folder is read-only. The key hashes :data:`INT8_VERSION`, the onnxruntime version and the bytes of the
@@ -31,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from sluice.engines.backends.onnx_int8_graph import quantize_matmuls
+from sluice.engines.backends.onnx_int8_graph import name_nodes, quantize_matmuls
 from sluice.engines.backends.onnx_int8_plan import PROBE_TEXTS, plan, row_cosines
 from sluice.models.fetch import default_cache_dir
 
@@ -84,6 +85,7 @@ def _quantize(source: Path, out: Path, tokenizer: Path | None = None) -> None:
     import onnx
 
     model = onnx.load(str(source))
+    name_nodes(model)  # the plan and the rewrite pick matmuls by node name
     chosen = plan(model, tokenizer)
     count = quantize_matmuls(model, set(chosen.quantise), chosen.outliers)
     log.info("int8: %d of %d constant-weight matmuls quantised, %d outlier channels of %d of their inputs computed "

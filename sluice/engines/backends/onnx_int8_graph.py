@@ -70,6 +70,18 @@ def candidates(model: Any) -> list[Candidate]:
     return found
 
 
+def name_nodes(model: Any) -> None:
+    """Give every unnamed node (ONNX allows them) a name of its own, in place: matmuls are chosen by name."""
+    taken = {n.name for n in model.graph.node if n.name}
+    for index, node in enumerate(model.graph.node):
+        if not node.name:
+            name = f"sluice_int8/node{index}"
+            while name in taken:
+                name += "_"
+            node.name = name
+            taken.add(name)
+
+
 def quantize_matmuls(model: Any, names: set[str], outliers: dict[str, list[int]] | None = None) -> int:
     """Rewrite the candidate MatMuls named in ``names`` (in place); how many were rewritten.
 
@@ -121,7 +133,8 @@ class _Builder:
         self.added: set[str] = set()
         # input tensor -> (quantised rows, row scales, lead shape, its outlier channels' rows or None)
         self.rows: dict[str, tuple[str, str, str, str | None]] = {}
-        self.quantised: dict[str, tuple[str, str]] = {}  # weight -> (int8 weight, column scales)
+        # (weight, channels split off its input) -> (int8 weight, column scales)
+        self.quantised: dict[tuple[str, tuple[int, ...]], tuple[str, str]] = {}
 
     def rewrite(self, node: Any) -> list[Any]:
         from onnx import helper
@@ -146,7 +159,7 @@ class _Builder:
         rows = f"{p}/rows"
         if outliers:  # the outlier channels' share in float32, added in the same pass: rows + x[:, c] @ W[c]
             w = self.to_array(self.weights[w_name]).astype(np.float32)[channels]
-            made.append(helper.make_node("Gemm", [outliers, self._const(f"{w_name}/outlier_rows", w), rows],
+            made.append(helper.make_node("Gemm", [outliers, self._const(f"{w_name}/outlier_rows" + "".join(f"_{c}" for c in channels), w), rows],
                                          [f"{p}/rows_all"], name=f"{p}/outliers"))  # fmt: skip
             rows = f"{p}/rows_all"
         made += [
@@ -206,12 +219,14 @@ class _Builder:
         return nodes
 
     def _weight(self, name: str, channels: list[int]) -> tuple[str, str]:
-        if name not in self.quantised:
+        key = (name, tuple(channels))  # a weight two matmuls share (tied) may be read by inputs split differently
+        if key not in self.quantised:
             w = self.to_array(self.weights[name]).astype(np.float32)
             w[channels] = 0.0  # their rows are computed in float32: they must not set the columns' scales
             wq, ws = quantize_weight(w)
-            self.quantised[name] = (self._const(f"{name}/int8", wq), self._const(f"{name}/int8_scale", ws))
-        return self.quantised[name]
+            tag = "".join(f"_{c}" for c in channels)
+            self.quantised[key] = (self._const(f"{name}/int8{tag}", wq), self._const(f"{name}/int8_scale{tag}", ws))
+        return self.quantised[key]
 
     def _const(self, name: str, value: Any) -> str:
         from onnx import numpy_helper
