@@ -159,8 +159,8 @@ class _Builder:
         rows = f"{p}/rows"
         if outliers:  # the outlier channels' share in float32, added in the same pass: rows + x[:, c] @ W[c]
             w = self.to_array(self.weights[w_name]).astype(np.float32)[channels]
-            made.append(helper.make_node("Gemm", [outliers, self._const(f"{w_name}/outlier_rows" + "".join(f"_{c}" for c in channels), w), rows],
-                                         [f"{p}/rows_all"], name=f"{p}/outliers"))  # fmt: skip
+            w_rows = self._const(f"{w_name}/outlier_rows" + "".join(f"_{c}" for c in channels), w)
+            made.append(helper.make_node("Gemm", [outliers, w_rows, rows], [f"{p}/rows_all"], name=f"{p}/outliers"))
             rows = f"{p}/rows_all"
         made += [
             helper.make_node("Concat", [lead, self._const(f"{p}/n", np.asarray([n], np.int64))], [f"{p}/shape"],
