@@ -95,36 +95,23 @@ class Measurement:
 
 def time_batches(engine: Any, items: Sequence[Any], batch_size: int, policy: Policy, *, window: int = 256,
                  budget_s: float = math.inf, min_windows: int = 1) -> Measurement:
-    """Run ``engine.infer`` over ``items`` in the given batch order; stop at a window boundary past ``budget_s``."""
-    lengths = [engine.item_length(item) for item in items]
-    batches = cut_batches(lengths, batch_size, policy, window)
-    batches_per_window = math.ceil(window / batch_size)
-    num_records = num_real = num_padded = 0
-    start_s = time.perf_counter()
-    for index, batch in enumerate(batches):
-        engine.infer([items[i] for i in batch])
-        num_records += len(batch)
-        num_real += sum(lengths[i] for i in batch)
-        num_padded += len(batch) * max(lengths[i] for i in batch)
-        window_done = (index + 1) % batches_per_window == 0
-        if window_done and (index + 1) // batches_per_window >= min_windows:
-            if time.perf_counter() - start_s > budget_s:
-                break
-    elapsed_s = time.perf_counter() - start_s
-    return Measurement(policy, batch_size, num_records, elapsed_s, num_records / elapsed_s, num_real, num_padded)
+    """Run ``engine.infer`` over ``items`` in the given batch order; stop at a window boundary past ``budget_s``
+    (and past ``min_windows`` windows)."""
+    return time_interleaved({"": engine}, items, batch_size, policy, window=window, budget_s=budget_s,
+                            min_windows=min_windows)[""]  # fmt: skip
 
 
 def time_interleaved(engines: dict[str, Any], items: Sequence[Any], batch_size: int, policy: Policy, *,
-                     window: int = 256, budget_s: float = math.inf) -> dict[str, Measurement]:
+                     window: int = 256, budget_s: float = math.inf, min_windows: int = 1) -> dict[str, Measurement]:
     """:func:`time_batches` for several engines at once, window by window in turn: every engine runs the same
     records in the same seconds, so a slow spell of a shared machine falls on all of them alike. Stops at a
-    window boundary once the engines have spent ``budget_s`` each on average."""
+    window boundary once the engines have spent ``budget_s`` each on average (after ``min_windows``)."""
     lengths = [next(iter(engines.values())).item_length(item) for item in items]
     batches = cut_batches(lengths, batch_size, policy, window)
     per_window = math.ceil(window / batch_size)
     spent = dict.fromkeys(engines, 0.0)
     num_records = num_real = num_padded = 0
-    for start in range(0, len(batches), per_window):
+    for done, start in enumerate(range(0, len(batches), per_window), start=1):
         group = batches[start : start + per_window]
         for mode, engine in engines.items():
             began = time.perf_counter()
@@ -134,7 +121,7 @@ def time_interleaved(engines: dict[str, Any], items: Sequence[Any], batch_size: 
         num_records += sum(len(b) for b in group)
         num_real += sum(lengths[i] for b in group for i in b)
         num_padded += sum(len(b) * max(lengths[i] for i in b) for b in group)
-        if sum(spent.values()) > budget_s * len(engines):
+        if done >= min_windows and sum(spent.values()) > budget_s * len(engines):
             break
     return {mode: Measurement(policy, batch_size, num_records, s, num_records / s, num_real, num_padded)
             for mode, s in spent.items()}  # fmt: skip

@@ -135,10 +135,10 @@ def test_only_constant_float_matrices_are_candidates() -> None:
     assert quantize_matmuls(model, {"activations", "half", "batched"}) == 0  # not candidates: left alone
 
 
-def test_unnamed_matmuls_are_named_and_rewritten_each_as_itself() -> None:
+def test_unnamed_and_repeatedly_named_matmuls_are_renamed_and_rewritten_each_as_itself() -> None:
     model, weights = _model(17)
-    for node in model.graph.node:
-        node.name = ""  # ONNX allows unnamed nodes; a set of names would collapse them into one
+    for node, name in zip(model.graph.node, ["mm", "", "mm"], strict=True):
+        node.name = name  # ONNX allows unnamed and repeated names; a set of names would collapse them
     name_nodes(model)
     names = [c.name for c in candidates(model)]
     assert len(set(names)) == 3 and all(names)

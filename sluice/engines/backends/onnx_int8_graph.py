@@ -71,11 +71,13 @@ def candidates(model: Any) -> list[Candidate]:
 
 
 def name_nodes(model: Any) -> None:
-    """Give every unnamed node (ONNX allows them) a name of its own, in place: matmuls are chosen by name."""
-    taken = {n.name for n in model.graph.node if n.name}
+    """Give every unnamed or repeatedly named node (ONNX allows both) a name of its own, in place: matmuls are
+    chosen by name, and their rewrites' tensors are named after them."""
+    uses = Counter(n.name for n in model.graph.node)
+    taken = set(uses)
     for index, node in enumerate(model.graph.node):
-        if not node.name:
-            name = f"sluice_int8/node{index}"
+        if not node.name or uses[node.name] > 1:
+            name = f"{node.name or 'sluice_int8/node'}{index}"
             while name in taken:
                 name += "_"
             node.name = name

@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from sluice.engines.backends.onnx_int8_graph import Candidate, candidates, quantize_matmuls
+from sluice.engines.base import first_line
 
 log = logging.getLogger(__name__)
 
@@ -83,8 +84,7 @@ def plan(model: Any, tokenizer: Path | None) -> Plan:
     try:
         return _plan(model, found, calibration)
     except Exception as err:  # noqa: BLE001 -- onnxruntime's own errors: the model still quantises, all of it
-        first_line = (str(err).strip().splitlines() or [type(err).__name__])[0]
-        log.warning("int8 calibration failed (%s); quantising every matmul", first_line)
+        log.warning("int8 calibration failed (%s); quantising every matmul", first_line(err))
         log.debug("int8 calibration failure", exc_info=True)
         return everything
 
@@ -169,9 +169,10 @@ def _views(model: Any, calibration: list[np.ndarray]) -> list[list[np.ndarray]]:
     session = _session(model)
     views: list[list[np.ndarray]] = []
     for ids in calibration:
-        outputs = [np.asarray(o, dtype=np.float64) for o in session.run(None, _feeds(session, ids))]
+        outputs = [np.asarray(o) for o in session.run(None, _feeds(session, ids))]
+        rows = [o.astype(np.float64) for o in outputs if o.dtype.kind == "f" and o.ndim >= 1 and o.shape[0] == ids.shape[0]]
         for row in range(ids.shape[0]):
-            picked = [o[row] for o in outputs if o.dtype.kind == "f" and o.ndim >= 1 and o.shape[0] == ids.shape[0]]
+            picked = [o[row] for o in rows]
             views.append([v.ravel() for v in picked] + [v.mean(axis=0).ravel() for v in picked if v.ndim >= 2]
                          + [v[0].ravel() for v in picked if v.ndim >= 2])  # fmt: skip
     return views
