@@ -10,8 +10,9 @@ Timing: the minimum over repeats of both wall time and process CPU time, on ``--
 of the minimum repeat is the steadiest estimate of the work itself (memory-bandwidth contention still
 inflates it). CUDA rows time wall clock with a device synchronise.
 
-Run: ``.venv/bin/python bench/kernels.py [--quick] [--threads N]``; prints a table and writes
-bench/results/kernels.json.
+Run: ``.venv/bin/python bench/attention_kernels.py [--quick] [--threads N]``; prints a table and writes
+bench/results/attention_kernels.json. (Not ``kernels.py``: a script's folder is first on ``sys.path``, and that name
+shadowed the ``kernels`` package transformers imports, breaking every bench script that loads it.)
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from sluice.engines.llm.kernels.synthetic import Layout, PagedBatch, make_batch
 
 NUM_LAYERS = 30
 HEADS = dict(num_heads=9, num_kv_heads=3, head_dim=64)
-RESULTS = Path(__file__).parent / "results" / "kernels.json"
+RESULTS = Path(__file__).parent / "results" / "attention_kernels.json"
 
 
 @dataclass
