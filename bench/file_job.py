@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"median ratio {ratio:.3f} (needed >= {args.min_ratio})")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
-                                    "settings": {k: str(v) for k, v in vars(args).items()},
+                                    "settings": {k: str(v) for k, v in vars(args).items() if k != "out"},  # no local paths
                                     "rows": rows, "median_ratio": ratio}, indent=1))
     return 0 if ratio >= args.min_ratio else 1
 
