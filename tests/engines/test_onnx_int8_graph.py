@@ -146,3 +146,53 @@ def test_unnamed_and_repeatedly_named_matmuls_are_renamed_and_rewritten_each_as_
     x = np.random.default_rng(4).normal(size=(1, 3, K))
     y2 = _run(model, x)[0]
     np.testing.assert_allclose(y2, _reference(x, weights["w2"]), rtol=1e-5, atol=1e-7)
+
+
+def test_a_fixed_scale_quantises_every_row_alike_saturates_beyond_it_and_takes_the_bias_into_the_gemm() -> None:
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(5)
+    w, bias, scale = rng.normal(size=(K, 6)).astype(np.float32), rng.normal(size=6).astype(np.float32), 0.02
+    inits = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(bias, "b")]
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["xw"], name="mm"), helper.make_node("Add", ["xw", "b"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", "s", K])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", "s", 6])], inits)  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    assert quantize_matmuls(model, {"mm"}, {"x": [2]}, {"x": scale}) == 1
+    onnx.checker.check_model(model)
+    ops = [n.op_type for n in model.graph.node]
+    assert "Add" not in ops and "ReduceMax" not in ops and "Mul" not in ops  # bias in the GEMM, no row scales
+    x = rng.normal(size=(2, 5, K))
+    x[..., 2] *= 100.0  # the split channel: computed in float32 whatever the scale
+    x[1, 3, 7] = 40.0  # far beyond 127 steps of the scale: saturates
+    rows = x.reshape(-1, K).astype(np.float64)
+    w_in = w.copy()
+    w_in[2] = 0.0
+    wq, ws = quantize_weight(w_in)
+    q = np.clip(np.rint(rows / np.float32(scale)), -128, 127)
+    q[:, 2] = 0.0
+    want = (q @ wq.astype(np.float64)) * np.float32(scale) * ws + bias + rows[:, [2]] @ w[[2]].astype(np.float64)
+    got = _run(model, x)[0]
+    assert got.shape == (2, 5, 6)
+    np.testing.assert_allclose(got.reshape(-1, 6), want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    assert abs(got[1, 3] - (x[1, 3] @ w + bias)).max() > 1.0  # the saturated row is off, as the reference says
+
+
+def test_a_bias_add_that_is_not_the_matmuls_only_reader_stays_as_it_is() -> None:
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(6)
+    w, bias = rng.normal(size=(K, 3)).astype(np.float32), rng.normal(size=3).astype(np.float32)
+    inits = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(bias, "b")]
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["xw"], name="mm"), helper.make_node("Add", ["xw", "b"], ["y"]),
+             helper.make_node("Neg", ["xw"], ["z"])]  # fmt: skip
+    outs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["b", "s", 3]) for n in ("y", "z")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", "s", K])],
+                              outs, inits)  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    quantize_matmuls(model, {"mm"}, None, {"x": 0.05})
+    assert [n.op_type for n in model.graph.node].count("Add") == 1
+    x = rng.normal(size=(1, 4, K))
+    y, z = _run(model, x)
+    np.testing.assert_allclose(y, -z + bias, rtol=1e-5, atol=1e-5)

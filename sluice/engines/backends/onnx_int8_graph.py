@@ -20,13 +20,19 @@ with ``Wq = round(W / ws)`` int8 and ``ws = max |W[:, n]| / 127`` per column, so
   of the int8 product -- zeroed before the row scales are taken, their weight rows zeroed before the column
   scales are -- and computed in float32 beside it: ``Gemm(x2[:, c], W[c], y)`` adds their share in the same
   pass. One channel ten times the others no longer rounds a whole row to a few steps.
+- *Fixed scales*: an input named in ``static`` (by :mod:`onnx_int8_plan`, where its calibrated rows agree
+  in range) is quantised with one constant scale ``s`` for every row: ``QuantizeLinear(x2, s, 128)``, then
+  ``MatMulIntegerToFloat(xq, Wq, s, ws, 128, bias)`` -- no reductions, no rescale, and a constant ``(N,)``
+  bias ``Add`` that is the matmul's only reader folds into the GEMM. Still independent of batch mates; a
+  value beyond 127 steps of ``s`` saturates.
 - *Shared quantisation*: matmuls that read the same tensor (attention's Q, K and V projections) share one
   quantised copy of it (and its split channels).
 - *Same interface*: inputs, outputs, names and shapes of the graph are unchanged; float weights no other node
   reads are dropped (a quarter of their bytes in the file).
-- Cost on MiniLM-L6 (2 Zen 4 cores, batch 32): the integer GEMM runs at ~3x the float32 one; the row scales,
-  ``QuantizeLinear``, the rescale and the splits take about a fifth of the int8 model's time, the float32
-  attention about a quarter at 256 tokens -- what bounds the whole model at ~1.4-1.5x the float32 one.
+- Cost on MiniLM-L6 (2 Zen 4 cores, batch 32): the integer GEMM runs at ~3x the float32 one; with per-row
+  scales everywhere the row scales, ``QuantizeLinear``, the rescale and the splits take about a fifth of the
+  int8 model's time (~1.5x the float32 model at 64 tokens), fixed scales on 10 of its 24 inputs cut that to
+  ~1.7x; the float32 attention takes about a quarter at 256 tokens.
 - Symmetric uint8 x int8 is the fast form of ONNX Runtime's integer GEMM on x86 (int8 x int8 ran at 0.31x the
   float32 matmul on a Zen 4); the min/max pair reads ``x`` twice but beats ``Abs`` + ``ReduceMax`` (which
   writes a copy), and ``QuantizeLinear`` does the divide, round, shift and saturate in one pass.
@@ -84,22 +90,26 @@ def name_nodes(model: Any) -> None:
             taken.add(name)
 
 
-def quantize_matmuls(model: Any, names: set[str], outliers: dict[str, list[int]] | None = None) -> int:
+def quantize_matmuls(model: Any, names: set[str], outliers: dict[str, list[int]] | None = None,
+                     static: dict[str, float] | None = None) -> int:
     """Rewrite the candidate MatMuls named in ``names`` (in place); how many were rewritten.
 
     ``outliers``: per input tensor, the channels (last axis) to keep out of the int8 product: their share of
-    each product is computed in float32 beside it, so the row's scale is set by the other channels."""
+    each product is computed in float32 beside it, so the row's scale is set by the other channels.
+    ``static``: per input tensor, a fixed activation scale (calibrated) in place of the per-row ones: no
+    reductions, no rescale, and a constant bias ``Add`` after the matmul folds into the integer GEMM."""
     from onnx import helper
 
     chosen = {c.name for c in candidates(model)} & names
     if not chosen:
         return 0
-    builder = _Builder(model, outliers or {})
+    builder = _Builder(model, outliers or {}, static or {})
+    biases = builder.fusable_biases(chosen)
     nodes: list[Any] = []
     for node in model.graph.node:
         if node.name in chosen:
-            nodes += builder.rewrite(node)
-        else:
+            nodes += builder.rewrite(node, biases.get(node.name))
+        elif not any(node is add for add, _ in biases.values()):
             nodes.append(node)
     del model.graph.node[:]
     model.graph.node.extend(nodes)
@@ -123,11 +133,12 @@ class _Builder:
     """Makes the nodes and constants of the rewrite; remembers each input's quantised rows and each weight's
     int8 form, so a tensor read by several matmuls is quantised once."""
 
-    def __init__(self, model: Any, outliers: dict[str, list[int]]) -> None:
+    def __init__(self, model: Any, outliers: dict[str, list[int]], static: dict[str, float]) -> None:
         from onnx import numpy_helper
 
         self.model = model
         self.outliers = {x: sorted(c) for x, c in outliers.items() if c}
+        self.static = {x: max(float(s), EPS) for x, s in static.items()}
         self.weights = {t.name: t for t in model.graph.initializer}
         self.to_array = numpy_helper.to_array
         opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
@@ -138,7 +149,28 @@ class _Builder:
         # (weight, channels split off its input) -> (int8 weight, column scales)
         self.quantised: dict[tuple[str, tuple[int, ...]], tuple[str, str]] = {}
 
-    def rewrite(self, node: Any) -> list[Any]:
+    def fusable_biases(self, chosen: set[str]) -> dict[str, tuple[Any, str]]:
+        """Per chosen matmul with a static input scale: the ``Add`` of a constant ``(N,)`` bias that is its
+        output's only reader (and the bias), which the integer GEMM can take as its own bias input."""
+        readers: dict[str, list[Any]] = {}
+        for node in self.model.graph.node:
+            for name in node.input:
+                readers.setdefault(name, []).append(node)
+        outputs = {o.name for o in self.model.graph.output}
+        found = {}
+        for node in self.model.graph.node:
+            if node.name not in chosen or node.input[0] not in self.static or node.output[0] in outputs:
+                continue
+            after = readers.get(node.output[0], [])
+            if len(after) != 1 or after[0].op_type != "Add" or after[0].domain not in ("", "ai.onnx"):
+                continue
+            bias = self.weights.get(next((i for i in after[0].input if i != node.output[0]), ""))
+            n = int(self.weights[node.input[1]].dims[1])
+            if bias is not None and list(bias.dims) == [n] and bias.data_type == 1 and len(set(after[0].input)) == 2:
+                found[node.name] = (after[0], bias.name)
+        return found
+
+    def rewrite(self, node: Any, bias: tuple[Any, str] | None = None) -> list[Any]:
         from onnx import helper
 
         x, w_name = node.input
@@ -150,14 +182,20 @@ class _Builder:
         channels = self.outliers.get(x, [])
         wq, ws = self._weight(w_name, channels)
         p = f"{node.name}/int8"
-        a_scale, a_zp = self._const("sluice_int8/one", np.float32(1.0)), self._const("sluice_int8/zp", np.uint8(128))
-        made += [
-            helper.make_node("MatMulIntegerToFloat", [xq, wq, a_scale, ws, a_zp], [f"{p}/y"], name=f"{p}/matmul",
-                             domain=CONTRIB),  # fmt: skip
-            helper.make_node("Unsqueeze", [scales, self._const("sluice_int8/axis1", np.asarray([1], np.int64))],
-                             [f"{p}/s_col"], name=f"{p}/s_col"),  # fmt: skip
-            helper.make_node("Mul", [f"{p}/y", f"{p}/s_col"], [f"{p}/rows"], name=f"{p}/rescale"),
-        ]
+        a_zp = self._const("sluice_int8/zp", np.uint8(128))
+        if x in self.static:  # one scale for every row: the GEMM scales back (and adds the bias) itself
+            extra = ["", bias[1]] if bias else []
+            made.append(helper.make_node("MatMulIntegerToFloat", [xq, wq, scales, ws, a_zp, *extra], [f"{p}/rows"],
+                                         name=f"{p}/matmul", domain=CONTRIB))  # fmt: skip
+        else:
+            a_scale = self._const("sluice_int8/one", np.float32(1.0))
+            made += [
+                helper.make_node("MatMulIntegerToFloat", [xq, wq, a_scale, ws, a_zp], [f"{p}/y"],
+                                 name=f"{p}/matmul", domain=CONTRIB),  # fmt: skip
+                helper.make_node("Unsqueeze", [scales, self._const("sluice_int8/axis1", np.asarray([1], np.int64))],
+                                 [f"{p}/s_col"], name=f"{p}/s_col"),  # fmt: skip
+                helper.make_node("Mul", [f"{p}/y", f"{p}/s_col"], [f"{p}/rows"], name=f"{p}/rescale"),
+            ]
         rows = f"{p}/rows"
         if outliers:  # the outlier channels' share in float32, added in the same pass: rows + x[:, c] @ W[c]
             w = self.to_array(self.weights[w_name]).astype(np.float32)[channels]
@@ -167,7 +205,8 @@ class _Builder:
         made += [
             helper.make_node("Concat", [lead, self._const(f"{p}/n", np.asarray([n], np.int64))], [f"{p}/shape"],
                              name=f"{p}/shape", axis=0),  # fmt: skip
-            helper.make_node("Reshape", [rows, f"{p}/shape"], [node.output[0]], name=f"{p}/unrows"),
+            helper.make_node("Reshape", [rows, f"{p}/shape"], [bias[0].output[0] if bias else node.output[0]],
+                             name=f"{p}/unrows"),  # fmt: skip
         ]
         return made
 
@@ -188,6 +227,19 @@ class _Builder:
         ]
         outliers = None
         channels = self.outliers.get(x, [])
+        if x in self.static:  # a fixed scale: the split channels' weight rows are zero, so they need no mask
+            scale = self._const(f"{p}/scale", np.float32(self.static[x]))
+            if channels:
+                outliers = f"{p}/outliers"
+                nodes.append(helper.make_node("Gather", [f"{p}/x2", self._const(f"{p}/outlier_index", np.asarray(
+                    channels, np.int64))], [outliers], name=f"{p}/outliers", axis=1))  # fmt: skip
+            nodes += [
+                helper.make_node("QuantizeLinear", [f"{p}/x2", scale, self._const("sluice_int8/zp", np.uint8(128))],
+                                 [f"{p}/xq"], name=f"{p}/quantise"),  # fmt: skip
+                *self._lead(x, p),
+            ]
+            self.rows[x] = (f"{p}/xq", scale, f"{p}/lead", outliers)
+            return nodes
         if channels:  # quantise the other channels: the outliers no longer set the rows' scales
             mask = np.ones(k, np.float32)
             mask[channels] = 0.0
@@ -212,13 +264,21 @@ class _Builder:
             helper.make_node("ConstantOfShape", [f"{p}/s_shape"], [f"{p}/zp"], name=f"{p}/zp", value=zp),
             helper.make_node("QuantizeLinear", [reduce_inputs[0], f"{p}/s", f"{p}/zp"], [f"{p}/xq"],
                              name=f"{p}/quantise", axis=0),  # fmt: skip
+            *self._lead(x, p),
+        ]
+        self.rows[x] = (f"{p}/xq", f"{p}/s", f"{p}/lead", outliers)
+        return nodes
+
+    def _lead(self, x: str, p: str) -> list[Any]:
+        """``x``'s shape but the last axis: what the rows are reshaped back to (with the output width)."""
+        from onnx import helper
+
+        return [
             helper.make_node("Shape", [x], [f"{p}/x_shape"], name=f"{p}/x_shape"),
             helper.make_node("Slice", [f"{p}/x_shape", self._const("sluice_int8/start", np.asarray([0], np.int64)),
                                        self._const("sluice_int8/end", np.asarray([-1], np.int64))], [f"{p}/lead"],
                              name=f"{p}/lead"),  # fmt: skip
         ]
-        self.rows[x] = (f"{p}/xq", f"{p}/s", f"{p}/lead", outliers)
-        return nodes
 
     def _weight(self, name: str, channels: list[int]) -> tuple[str, str]:
         key = (name, tuple(channels))  # a weight two matmuls share (tied) may be read by inputs split differently

@@ -19,9 +19,16 @@ rounded to a few steps. :func:`plan` finds them and picks, for each, the cheapes
 3. *Keep float32*: a matmul still material after the split stays float32, the most damaging first, within
    :data:`KEEP_FLOAT_SHARE` of the weight elements.
 
+4. *Fixed scales*: an input of the int8 matmuls whose one calibrated scale (its peak over the channels not
+   split off) costs less than :data:`STATIC_LOSS` alone gets it in place of per-row scales, the cheapest
+   first, as many as together still cost less: the reductions and rescales go, and the bias folds into the
+   GEMM. On MiniLM-L6 10 of 24 inputs (the first layers' LayerNorm outputs, most attention outputs), ~12 %
+   faster at 64 tokens, at min cosine 0.9928 against 0.9946 on 200 varied texts.
+
 Calibration rows: :data:`CALIBRATION_TEXTS` (built-in, never user data) through the model's own
 ``tokenizer.json``, or random token ids where there is none. A model whose inputs are not token ids, or that
-the calibration cannot run, gets the plain plan: every matmul int8, nothing split. ~0.6 s per matmul, once.
+the calibration cannot run, gets the plain plan: every matmul int8, nothing split, per-row scales. ~0.6 s
+per matmul and per input, once.
 """
 
 from __future__ import annotations
@@ -33,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from sluice.engines.backends.onnx_int8_graph import Candidate, candidates, quantize_matmuls
+from sluice.engines.backends.onnx_int8_graph import QMAX, Candidate, candidates, quantize_matmuls
 from sluice.engines.base import first_line
 
 log = logging.getLogger(__name__)
@@ -43,6 +50,7 @@ MATERIAL_LOSS = 1e-3  # nor below this cosine loss (MiniLM-L6: its material ones
 OUTLIER_RATIO = 6.0  # a channel whose peak is this many times the median channel peak is an outlier
 MAX_OUTLIERS = 8  # channels split off one input at most (beyond that the input is not "a few outliers")
 KEEP_FLOAT_SHARE = 0.15  # of the candidates' weight elements at most kept float32 (their matmul work)
+STATIC_LOSS = 5e-4  # cosine loss fixed activation scales may add, each alone and all of them together
 CALIBRATION_LENGTHS = (3, 5, 8, 16, 32, 64, 128)  # tokens per random calibration sequence (two of each)
 PROBE_TEXTS = (  # what the engine's start-up agreement check runs: short, long, several scripts, emoji, empty
     "ok",
@@ -66,12 +74,14 @@ CALIBRATION_TEXTS = PROBE_TEXTS + (
 @dataclass(frozen=True)
 class Plan:
     """What :func:`~onnx_int8_graph.quantize_matmuls` is given: the matmuls to rewrite, the outlier channels
-    to split off per input tensor, and (for the log) the matmuls kept float32 and each one's damage."""
+    to split off per input tensor, the inputs quantised with a fixed scale (and the scale), and (for the log)
+    the matmuls kept float32 and each one's damage."""
 
     quantise: frozenset[str]
     outliers: dict[str, list[int]] = field(default_factory=dict)
     kept: tuple[str, ...] = ()
     damage: dict[str, float] = field(default_factory=dict)
+    static: dict[str, float] = field(default_factory=dict)
 
 
 def plan(model: Any, tokenizer: Path | None) -> Plan:
@@ -114,7 +124,33 @@ def _plan(model: Any, found: list[Candidate], calibration: list[np.ndarray]) -> 
             break
         kept.append(c.name)
         budget -= c.elements
-    return Plan(frozenset(c.name for c in found) - set(kept), outliers, tuple(kept), damage)
+    quantise = frozenset(c.name for c in found) - set(kept)
+    static = static_scales(model, quantise, outliers, calibration, reference)
+    return Plan(quantise, outliers, tuple(kept), damage, static)
+
+
+def static_scales(model: Any, names: frozenset[str], outliers: dict[str, list[int]], calibration: list[np.ndarray],
+                  reference: list[list[np.ndarray]]) -> dict[str, float]:
+    """The inputs of the matmuls ``names`` that can take one fixed scale for every row (their calibrated peak
+    over the channels not split off, / 127) and the scale: those whose fixed scale adds less than
+    :data:`STATIC_LOSS` to the damage alone, the cheapest first, as many as together still add less."""
+    import onnx
+
+    def damage(static: dict[str, float]) -> float:
+        model_copy = onnx.ModelProto()
+        model_copy.CopyFrom(model)
+        quantize_matmuls(model_copy, set(names), outliers, static)
+        return 1.0 - _lowest_cosine(_views(model_copy, calibration), reference)
+
+    reads = {node.name: node.input[0] for node in model.graph.node if node.input and node.name in names}
+    peaks = input_peaks(model, calibration, set(reads.values()))
+    scales = {x: float(np.delete(p, outliers.get(x, [])).max(initial=0.0)) / QMAX for x, p in sorted(peaks.items())}
+    plain = damage({})
+    cost = {x: damage({x: s}) - plain for x, s in scales.items() if s > 0}
+    chosen = sorted((x for x, c in cost.items() if c < STATIC_LOSS), key=cost.__getitem__)
+    while chosen and damage({x: scales[x] for x in chosen}) - plain >= STATIC_LOSS:
+        chosen.pop()  # the costliest goes back to per-row scales
+    return {x: scales[x] for x in chosen}
 
 
 def input_peaks(model: Any, calibration: list[np.ndarray], tensors: set[str]) -> dict[str, np.ndarray]:
