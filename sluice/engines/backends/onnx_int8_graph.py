@@ -105,11 +105,12 @@ def quantize_matmuls(model: Any, names: set[str], outliers: dict[str, list[int]]
         return 0
     builder = _Builder(model, outliers or {}, static or {})
     biases = builder.fusable_biases(chosen)
+    folded = {add.output[0] for add, _ in biases.values()}  # outputs are unique (SSA): they name the Adds
     nodes: list[Any] = []
     for node in model.graph.node:
         if node.name in chosen:
             nodes += builder.rewrite(node, biases.get(node.name))
-        elif not any(node is add for add, _ in biases.values()):
+        elif not (node.op_type == "Add" and node.output and node.output[0] in folded):
             nodes.append(node)
     del model.graph.node[:]
     model.graph.node.extend(nodes)

@@ -18,7 +18,6 @@ rounded to a few steps. :func:`plan` finds them and picks, for each, the cheapes
    On MiniLM-L6 this cuts the worst damage twentyfold, for one or two channels each.
 3. *Keep float32*: a matmul still material after the split stays float32, the most damaging first, within
    :data:`KEEP_FLOAT_SHARE` of the weight elements.
-
 4. *Fixed scales*: an input of the int8 matmuls whose one calibrated scale (its peak over the channels not
    split off) costs less than :data:`STATIC_LOSS` alone gets it in place of per-row scales, the cheapest
    first, as many as together still cost less: the reductions and rescales go, and the bias folds into the
@@ -100,15 +99,10 @@ def plan(model: Any, tokenizer: Path | None) -> Plan:
 
 
 def _plan(model: Any, found: list[Candidate], calibration: list[np.ndarray]) -> Plan:
-    import onnx
-
     reference = _views(model, calibration)
 
     def damage_of(name: str, outliers: dict[str, list[int]]) -> float:
-        alone = onnx.ModelProto()
-        alone.CopyFrom(model)
-        quantize_matmuls(alone, {name}, outliers)
-        return 1.0 - _lowest_cosine(_views(alone, calibration), reference)
+        return _damage(model, {name}, outliers, {}, calibration, reference)
 
     damage = {c.name: damage_of(c.name, {}) for c in found}
     floor = max(MATERIAL_SHARE * sum(damage.values()), MATERIAL_LOSS)
@@ -134,13 +128,9 @@ def static_scales(model: Any, names: frozenset[str], outliers: dict[str, list[in
     """The inputs of the matmuls ``names`` that can take one fixed scale for every row (their calibrated peak
     over the channels not split off, / 127) and the scale: those whose fixed scale adds less than
     :data:`STATIC_LOSS` to the damage alone, the cheapest first, as many as together still add less."""
-    import onnx
 
     def damage(static: dict[str, float]) -> float:
-        model_copy = onnx.ModelProto()
-        model_copy.CopyFrom(model)
-        quantize_matmuls(model_copy, set(names), outliers, static)
-        return 1.0 - _lowest_cosine(_views(model_copy, calibration), reference)
+        return _damage(model, set(names), outliers, static, calibration, reference)
 
     reads = {node.name: node.input[0] for node in model.graph.node if node.input and node.name in names}
     peaks = input_peaks(model, calibration, set(reads.values()))
@@ -151,6 +141,17 @@ def static_scales(model: Any, names: frozenset[str], outliers: dict[str, list[in
     while chosen and damage({x: scales[x] for x in chosen}) - plain >= STATIC_LOSS:
         chosen.pop()  # the costliest goes back to per-row scales
     return {x: scales[x] for x in chosen}
+
+
+def _damage(model: Any, names: set[str], outliers: dict[str, list[int]], static: dict[str, float],
+            calibration: list[np.ndarray], reference: list[list[np.ndarray]]) -> float:
+    """1 - the lowest cosine to the float32 views when the matmuls ``names`` are rewritten (a copy)."""
+    import onnx
+
+    rewritten = onnx.ModelProto()
+    rewritten.CopyFrom(model)
+    quantize_matmuls(rewritten, names, outliers, static)
+    return 1.0 - _lowest_cosine(_views(rewritten, calibration), reference)
 
 
 def input_peaks(model: Any, calibration: list[np.ndarray], tensors: set[str]) -> dict[str, np.ndarray]:
