@@ -153,6 +153,8 @@ class _Builder:
     def fusable_biases(self, chosen: set[str]) -> dict[str, tuple[Any, str]]:
         """Per chosen matmul with a static input scale: the ``Add`` of a constant ``(N,)`` bias that is its
         output's only reader (and the bias), which the integer GEMM can take as its own bias input."""
+        from onnx import TensorProto
+
         readers: dict[str, list[Any]] = {}
         for node in self.model.graph.node:
             for name in node.input:
@@ -167,7 +169,7 @@ class _Builder:
                 continue
             bias = self.weights.get(next((i for i in after[0].input if i != node.output[0]), ""))
             n = int(self.weights[node.input[1]].dims[1])
-            if bias is not None and list(bias.dims) == [n] and bias.data_type == 1 and len(set(after[0].input)) == 2:
+            if bias is not None and list(bias.dims) == [n] and bias.data_type == TensorProto.FLOAT and len(set(after[0].input)) == 2:
                 found[node.name] = (after[0], bias.name)
         return found
 
@@ -226,14 +228,13 @@ class _Builder:
             helper.make_node("Reshape", [x, self._const(f"{p}/k", np.asarray([-1, k], np.int64))], [f"{p}/x2"],
                              name=f"{p}/rows"),  # fmt: skip
         ]
-        outliers = None
         channels = self.outliers.get(x, [])
+        outliers = f"{p}/outliers" if channels else None
+        if outliers:  # their rows, for the float32 Gemm beside the int8 product
+            index = self._const(f"{p}/outlier_index", np.asarray(channels, np.int64))
+            nodes.append(helper.make_node("Gather", [f"{p}/x2", index], [outliers], name=outliers, axis=1))
         if x in self.static:  # a fixed scale: the split channels' weight rows are zero, so they need no mask
             scale = self._const(f"{p}/scale", np.float32(self.static[x]))
-            if channels:
-                outliers = f"{p}/outliers"
-                nodes.append(helper.make_node("Gather", [f"{p}/x2", self._const(f"{p}/outlier_index", np.asarray(
-                    channels, np.int64))], [outliers], name=f"{p}/outliers", axis=1))  # fmt: skip
             nodes += [
                 helper.make_node("QuantizeLinear", [f"{p}/x2", scale, self._const("sluice_int8/zp", np.uint8(128))],
                                  [f"{p}/xq"], name=f"{p}/quantise"),  # fmt: skip
@@ -244,13 +245,8 @@ class _Builder:
         if channels:  # quantise the other channels: the outliers no longer set the rows' scales
             mask = np.ones(k, np.float32)
             mask[channels] = 0.0
-            outliers = f"{p}/outliers"
-            nodes += [
-                helper.make_node("Gather", [f"{p}/x2", self._const(f"{p}/outlier_index", np.asarray(channels, np.int64))],
-                                 [outliers], name=f"{p}/outliers", axis=1),  # fmt: skip
-                helper.make_node("Mul", [f"{p}/x2", self._const(f"{p}/inlier_mask", mask)], [f"{p}/inliers"],
-                                 name=f"{p}/inliers"),  # fmt: skip
-            ]
+            nodes.append(helper.make_node("Mul", [f"{p}/x2", self._const(f"{p}/inlier_mask", mask)], [f"{p}/inliers"],
+                                          name=f"{p}/inliers"))  # fmt: skip
             reduce_inputs[0] = f"{p}/inliers"
         nodes += [
             helper.make_node("ReduceMax", reduce_inputs, [f"{p}/max"], name=f"{p}/max", **reduce_attrs),

@@ -108,7 +108,8 @@ def _plan(model: Any, found: list[Candidate], calibration: list[np.ndarray]) -> 
     floor = max(MATERIAL_SHARE * sum(damage.values()), MATERIAL_LOSS)
     material = [c for c in sorted(found, key=lambda c: -damage[c.name]) if damage[c.name] >= floor]
     reads = {node.name: node.input[0] for node in model.graph.node if node.input}
-    channels = outlier_channels(input_peaks(model, calibration, {reads[c.name] for c in material}))
+    peaks = input_peaks(model, calibration, {reads[c.name] for c in found})  # one pass for the split and step 4
+    channels = outlier_channels({reads[c.name]: peaks[reads[c.name]] for c in material})
     outliers = {reads[c.name]: channels[reads[c.name]] for c in material if channels.get(reads[c.name])}
     after = {c.name: damage_of(c.name, outliers) if reads[c.name] in outliers else damage[c.name] for c in material}
     budget = KEEP_FLOAT_SHARE * sum(c.elements for c in found)
@@ -119,21 +120,21 @@ def _plan(model: Any, found: list[Candidate], calibration: list[np.ndarray]) -> 
         kept.append(c.name)
         budget -= c.elements
     quantise = frozenset(c.name for c in found) - set(kept)
-    static = static_scales(model, quantise, outliers, calibration, reference)
+    inputs = {reads[name]: peaks[reads[name]] for name in quantise}
+    static = static_scales(model, quantise, outliers, inputs, calibration, reference)
     return Plan(quantise, outliers, tuple(kept), damage, static)
 
 
-def static_scales(model: Any, names: frozenset[str], outliers: dict[str, list[int]], calibration: list[np.ndarray],
-                  reference: list[list[np.ndarray]]) -> dict[str, float]:
-    """The inputs of the matmuls ``names`` that can take one fixed scale for every row (their calibrated peak
-    over the channels not split off, / 127) and the scale: those whose fixed scale adds less than
-    :data:`STATIC_LOSS` to the damage alone, the cheapest first, as many as together still add less."""
+def static_scales(model: Any, names: frozenset[str], outliers: dict[str, list[int]], peaks: dict[str, np.ndarray],
+                  calibration: list[np.ndarray], reference: list[list[np.ndarray]]) -> dict[str, float]:
+    """The inputs (``peaks``: each one's channel peaks on the calibration rows) of the matmuls ``names`` that
+    can take one fixed scale for every row (their peak over the channels not split off, / 127) and the scale:
+    those whose fixed scale adds less than :data:`STATIC_LOSS` to the damage alone, the cheapest first, as
+    many as together still add less."""
 
     def damage(static: dict[str, float]) -> float:
         return _damage(model, set(names), outliers, static, calibration, reference)
 
-    reads = {node.name: node.input[0] for node in model.graph.node if node.input and node.name in names}
-    peaks = input_peaks(model, calibration, set(reads.values()))
     scales = {x: float(np.delete(p, outliers.get(x, [])).max(initial=0.0)) / QMAX for x, p in sorted(peaks.items())}
     plain = damage({})
     cost = {x: damage({x: s}) - plain for x, s in scales.items() if s > 0}
