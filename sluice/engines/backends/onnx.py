@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from sluice.engines import onnx_providers
+from sluice.engines.backends import denormals
 from sluice.engines.backends.arrays import NUMPY_OPS
 from sluice.engines.backends.base import Backend, LoadRequest, ModelClass, ModelFiles, ModelIO, TensorSpec
 from sluice.engines.base import EngineContext, EngineStartError, first_line
@@ -98,6 +99,7 @@ class OnnxBackend(Backend):
         self._session: Any = None
         self._use_io_binding = False
         self._io_device = "cuda"
+        self._flush_denormals = bool(getattr(options, "flush_denormals", True))
         self.model_file: Path | None = None  # after open(): the .onnx file the session runs
         self.load_request: LoadRequest | None = None  # after open(): what it was opened for
         self.providers_used: list[str] = []  # after open(): the providers the session really runs on
@@ -146,10 +148,14 @@ class OnnxBackend(Backend):
             options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         if self.options.inter_op_num_threads is not None:
             options.inter_op_num_threads = self.options.inter_op_num_threads
+        if self._flush_denormals:
+            options.add_session_config_entry(denormals.SESSION_CONFIG_KEY, "1")
         return options
 
     def run(self, feeds: Mapping[str, np.ndarray], output_names: Sequence[str]) -> list[Any]:
         """One session run. On a GPU provider, inputs and outputs go through IO binding."""
+        if self._flush_denormals:
+            denormals.flush_on_this_thread()
         if not self._use_io_binding:
             return list(self._session.run(output_names, feeds))
         binding = self._session.io_binding()
