@@ -221,6 +221,18 @@ def test_exactly_once_an_aborted_commit_rewinds_and_every_input_is_committed_onc
         assert set(range(marks.get(source.tp, 0))) <= delivered
 
 
+def test_exactly_once_an_idle_pipeline_commits_no_empty_transactions() -> None:
+    log, clock = EventLog(), ManualClock()
+    source = MemorySource(records(30), per_poll=10, clock=clock, log=log)
+    sink = MemorySink(log=log, group_offsets=source.committed)
+    started = clock()
+    summary = start(source, sink, Upper(), EXACTLY_ONCE, idle_exit_s=2).run()  # 10 ms interval, 2 s idle
+    assert summary.error is None and clock() - started >= 2  # ~200 intervals went by with nothing to do
+    transactions = log.of("transaction")
+    assert len(transactions) <= 4 and all(transactions[:-1])  # each carried offsets; the last is shutdown's
+    assert source.committed[source.tp] == 30 and offsets(sink, sink.committed_outputs) == list(range(30))
+
+
 def test_exactly_once_a_lost_partition_aborts_the_open_transaction_and_commits_nothing_of_it() -> None:
     engine = Upper(block_at=2)
     lost = threading.Event()

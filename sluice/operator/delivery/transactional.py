@@ -1,7 +1,10 @@
 """Exactly-once: outputs, dead-letter records and input offsets committed in one Kafka transaction.
 
 One transaction spans a group of batches; it closes when ``transaction_max_batches`` batches went into it or
-``transaction_interval_ms`` passed (``tick``), on partition revoke, and at shutdown. Committing, step by step:
+``transaction_interval_ms`` passed (``tick``), on partition revoke, and at shutdown. An interval in which
+nothing was consumed, produced or dead-lettered and no offset moved commits nothing: the open transaction
+stays open (librdkafka begins one locally; the broker hears of it at its first record) and the interval
+starts again, so an idle pipeline sends the broker no empty transactions. Committing, step by step:
 
 1. hold the engine thread (it finishes its current batch; no produce may run during a commit);
 2. flush the producer: every record of the transaction is acknowledged, so the ledger's watermark now
@@ -54,6 +57,7 @@ class Transactional(Delivery):
         self.cfg = pipeline.exactly_once
         self._opened_s = 0.0
         self._num_batches_at_open = 0
+        self._activity_at_open = (0, 0, 0, 0)
         self._committed: dict[TopicPartition, int] = {}
         self.num_committed = 0
         self.num_aborted = 0
@@ -73,8 +77,12 @@ class Transactional(Delivery):
             self.state.stop(str(err))
 
     def tick(self, now_s: float) -> Outcome:
-        if (self.state.summary.num_batches - self._num_batches_at_open >= self.cfg.transaction_max_batches
-                or now_s - self._opened_s >= self.cfg.transaction_interval_ms / 1000):
+        if self.state.summary.num_batches - self._num_batches_at_open >= self.cfg.transaction_max_batches:
+            return self._guarded(self._commit, now_s, True)
+        if now_s - self._opened_s >= self.cfg.transaction_interval_ms / 1000:
+            if self.is_open and self._activity() == self._activity_at_open and not self._offsets_to_commit():
+                self._opened_s = now_s  # nothing in it: no commit, the interval starts again
+                return Outcome.KEPT
             return self._guarded(self._commit, now_s, True)
         return Outcome.KEPT
 
@@ -151,16 +159,27 @@ class Transactional(Delivery):
             raise _fatal("beginning a transaction", exc.args[0]) from None
         self.is_open = True
         self._opened_s, self._num_batches_at_open = now_s, self.state.summary.num_batches
+        self._activity_at_open = self._activity()
+
+    def _activity(self) -> tuple[int, int, int, int]:
+        """What the run has consumed, produced, dead-lettered and batched so far: unchanged, nothing new."""
+        with self.state.cond:
+            s = self.state.summary
+            return s.num_in, s.num_out, s.num_dead_lettered, s.num_batches
+
+    def _offsets_to_commit(self) -> dict[TopicPartition, int]:
+        """The assigned partitions' watermarks that moved since the last commit."""
+        with self.state.cond:
+            marks = self.state.ledger.watermarks()
+        return {tp: off for tp, off in marks.items()
+                if tp in self.source.assignment and self._committed.get(tp) != off}
 
     def _commit_held(self) -> Outcome:
         for attempt in range(_MAX_RETRIES):
             left = self.sink.flush(_COMMIT_TIMEOUT_S)
             if left:
                 return self._abort(f"{left} records still undelivered after {_COMMIT_TIMEOUT_S:.0f} s")
-            with self.state.cond:
-                marks = self.state.ledger.watermarks()
-            offsets = {tp: off for tp, off in marks.items()
-                       if tp in self.source.assignment and self._committed.get(tp) != off}
+            offsets = self._offsets_to_commit()
             try:
                 self.sink.commit_transaction(offsets, self.source.group_metadata(), _COMMIT_TIMEOUT_S)
             except KafkaException as exc:
