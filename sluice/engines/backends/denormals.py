@@ -10,19 +10,22 @@ of flushing them is below 1e-38 per value: no embedding or label changes.
 Two parts make it hold: onnxruntime's ``session.set_denormal_as_zero`` covers the session's own worker
 threads, but onnxruntime sets the calling thread's mode only for the first session of the process and on the
 thread that created it, while ``run`` is called from the operator's inference thread and the calling thread
-takes its share of every parallel loop (the loop waits for its slowest thread). :func:`flush_on_this_thread`
-sets the calling thread's flush-to-zero and denormals-are-zero bits (MXCSR, Linux on x86-64, through the C library's
-``fegetenv`` / ``fesetenv``), once per thread. Elsewhere it does nothing and says so, once.
+takes its share of every parallel loop (the loop waits for its slowest thread). :func:`flushing` sets the
+calling thread's flush-to-zero and denormals-are-zero bits (MXCSR, Linux on x86-64, through the C library's
+``fegetenv`` / ``fesetenv``) around each run and restores them after. Elsewhere it does nothing and says
+so, once.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import functools
 import logging
 import platform
 import threading
+from collections.abc import Iterator
 
 log = logging.getLogger(__name__)
 
@@ -31,48 +34,62 @@ _FTZ_DAZ = 0x8040  # MXCSR bits 15 (flush to zero) and 6 (denormals are zero)
 _FENV_BYTES = 32  # glibc and musl x86-64 fenv_t: the 28-byte x87 environment, then the 4-byte MXCSR
 _MXCSR_AT = 28
 
-_state = threading.local()
 _warned = threading.Event()
 
 
-def flush_on_this_thread() -> bool:
-    """Flush denormals to zero on the calling thread from now on; True when its mode is (now) set.
-
-    Cheap after the first call on a thread (one attribute read). Only the calling thread changes: numpy on
-    it flushes too, which moves results by less than 1e-38."""
-    done = getattr(_state, "flushing", None)
-    if done is None:
-        done = _state.flushing = _set_mode()
-    return done
-
-
-def _set_mode() -> bool:
+@contextlib.contextmanager
+def flushing() -> Iterator[bool]:
+    """Denormals flushed to zero on the calling thread inside the block, its own mode restored after (so the
+    thread's other work -- decoding, encoding records -- keeps IEEE arithmetic). Yields whether the mode
+    could be set. Costs a few microseconds."""
     libm = _libm()
-    if libm is None:
-        if not _warned.is_set():
-            _warned.set()
-            log.info("denormal floats are not flushed on the inference thread on %s %s (Linux on x86-64 "
-                     "only); padded batches may run slower", platform.system(), platform.machine())
-        return False
-    env = ctypes.create_string_buffer(_FENV_BYTES)
-    if libm.fegetenv(env) != 0:
-        return False
-    mxcsr = int.from_bytes(env.raw[_MXCSR_AT:], "little") | _FTZ_DAZ
-    ctypes.memmove(ctypes.addressof(env) + _MXCSR_AT, mxcsr.to_bytes(4, "little"), 4)
-    if libm.fesetenv(env) != 0:
-        return False
-    return bool(_read_mxcsr(libm) & _FTZ_DAZ == _FTZ_DAZ)
+    saved = ctypes.create_string_buffer(_FENV_BYTES)
+    if libm is None or libm.fegetenv(saved) != 0:
+        _say_unsupported()
+        yield False
+        return
+    flushed = ctypes.create_string_buffer(saved.raw, _FENV_BYTES)
+    mxcsr = int.from_bytes(saved.raw[_MXCSR_AT:], "little") | _FTZ_DAZ
+    ctypes.memmove(ctypes.addressof(flushed) + _MXCSR_AT, mxcsr.to_bytes(4, "little"), 4)
+    if libm.fesetenv(flushed) != 0:
+        yield False
+        return
+    try:
+        yield True
+    finally:
+        libm.fesetenv(saved)
+
+
+@contextlib.contextmanager
+def preserved() -> Iterator[None]:
+    """The calling thread's floating-point mode as it was before the block, whatever the block set: for
+    creating a session with :data:`SESSION_CONFIG_KEY`, which turns flushing on for good on the thread that
+    creates the process's first session."""
+    libm = _libm()
+    saved = ctypes.create_string_buffer(_FENV_BYTES)
+    kept = libm is not None and libm.fegetenv(saved) == 0
+    try:
+        yield
+    finally:
+        if kept:
+            assert libm is not None
+            libm.fesetenv(saved)
 
 
 def thread_flushes() -> bool:
     """Whether the calling thread flushes denormals now (False where that cannot be read)."""
     libm = _libm()
-    return libm is not None and _read_mxcsr(libm) & _FTZ_DAZ == _FTZ_DAZ
-
-
-def _read_mxcsr(libm: ctypes.CDLL) -> int:
+    if libm is None:
+        return False
     env = ctypes.create_string_buffer(_FENV_BYTES)
-    return int.from_bytes(env.raw[_MXCSR_AT:], "little") if libm.fegetenv(env) == 0 else 0
+    return libm.fegetenv(env) == 0 and int.from_bytes(env.raw[_MXCSR_AT:], "little") & _FTZ_DAZ == _FTZ_DAZ
+
+
+def _say_unsupported() -> None:
+    if not _warned.is_set():
+        _warned.set()
+        log.info("denormal floats are not flushed on the inference thread on %s %s (Linux on x86-64 only); "
+                 "padded batches may run slower", platform.system(), platform.machine())
 
 
 @functools.cache

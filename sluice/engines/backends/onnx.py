@@ -125,11 +125,12 @@ class OnnxBackend(Backend):
         self.load_request = request
         providers = onnx_providers.available_providers(ort, self.options.providers)
         try:
-            session = ort.InferenceSession(
-                str(model_file), sess_options=self._session_options(ort),
-                providers=onnx_providers.with_options(providers, model_file, max_batch_size=request.max_batch_size,
-                                                      max_length=request.max_tokens or 1,
-                                                      token_inputs=request.max_tokens is not None))
+            with denormals.preserved():  # the session's option must not leave this thread flushing for good
+                session = ort.InferenceSession(
+                    str(model_file), sess_options=self._session_options(ort),
+                    providers=onnx_providers.with_options(providers, model_file, max_batch_size=request.max_batch_size,
+                                                          max_length=request.max_tokens or 1,
+                                                          token_inputs=request.max_tokens is not None))
         except Exception as err:  # onnxruntime raises its own exception types for bad files
             raise EngineStartError(f"cannot load ONNX model {model_file}: {first_line(err)}") from None
         self.providers_used = list(session.get_providers())
@@ -154,9 +155,10 @@ class OnnxBackend(Backend):
 
     def run(self, feeds: Mapping[str, np.ndarray], output_names: Sequence[str]) -> list[Any]:
         """One session run. On a GPU provider, inputs and outputs go through IO binding."""
-        if self._flush_denormals:
-            denormals.flush_on_this_thread()
         if not self._use_io_binding:
+            if self._flush_denormals:
+                with denormals.flushing():
+                    return list(self._session.run(output_names, feeds))
             return list(self._session.run(output_names, feeds))
         binding = self._session.io_binding()
         for name, array in feeds.items():
