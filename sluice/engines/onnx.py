@@ -36,8 +36,8 @@ class OnnxOptions(EngineTaskOptions):
     # onnxruntime's worker threads busy-wait between operators by default. That wins in a loop that does
     # nothing else, but here the intake (decode, tokenise) and emitter threads need the same cores.
     intra_op_spinning: bool = False
-    # Denormal floats (below ~1e-38, from attention softmax over padded batches) flushed to zero on the
-    # threads that run the model: each one costs a microcode assist (see backends/denormals.py).
+    # Denormal floats (below ~1e-38, from attention softmax over padded batches) flushed to zero while the
+    # model runs: each one costs a microcode assist (see backends/denormals.py).
     flush_denormals: bool = True
     export_cache_dir: str | None = None  # exports of HF directories; default <sluice cache>/exports
     # int8: ONNX Runtime's dynamic quantisation of the model (made once, cached beside it; see
