@@ -12,7 +12,6 @@ Prints a table and writes ``bench/results/denormals.json``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -21,7 +20,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from embed_engine import review_texts, time_interleaved  # noqa: E402
+from embed_engine import review_texts, time_interleaved, write_result  # noqa: E402
 
 
 class OnItsThread:
@@ -86,9 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {"bench": "denormals", "model": "minilm-l6", "num_texts": args.num_texts, "order": "sorted",
               "budget_s": args.budget_s, "intra_op_num_threads": args.threads,
               "machine": {"cpu_count": os.cpu_count(), "load_average_1m": os.getloadavg()[0]}, "rows": rows}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    print(f"wrote {args.out}", file=sys.stderr)
+    write_result(args.out, result)
     for engine in engines.values():
         engine.close()
     return 0

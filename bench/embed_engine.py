@@ -212,12 +212,17 @@ def main(argv: list[str] | None = None) -> int:
         "tokenize_records_per_s": len(texts) / tokenize_s,
         "rows": rows,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    print(f"wrote {args.out}", file=sys.stderr)
+    write_result(args.out, result)
     for eng in engines.values():
         eng.close()
     return 0
+
+
+def write_result(path: Path, result: dict[str, Any]) -> None:
+    """The benchmark's JSON, and where it went (stderr)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    print(f"wrote {path}", file=sys.stderr)
 
 
 def _agreement(engines: dict[str, Any]) -> dict[str, float]:
