@@ -43,22 +43,16 @@ def flushing() -> Iterator[bool]:
     """Denormals flushed to zero on the calling thread inside the block, its own mode restored after (so the
     thread's other work -- decoding, encoding records -- keeps IEEE arithmetic). Yields whether the mode
     could be set. Costs a few microseconds."""
-    libm = _libm()
-    saved = ctypes.create_string_buffer(_FENV_BYTES)
-    if libm is None or libm.fegetenv(saved) != 0:
+    libm, saved = _libm(), _environment()
+    if libm is None or saved is None:
         _say_unsupported()
         yield False
         return
     flushed = ctypes.create_string_buffer(saved.raw, _FENV_BYTES)
-    mxcsr = int.from_bytes(saved.raw[_MXCSR_AT:], "little") | _FTZ_DAZ
+    mxcsr = _mxcsr(saved) | _FTZ_DAZ
     ctypes.memmove(ctypes.addressof(flushed) + _MXCSR_AT, mxcsr.to_bytes(4, "little"), 4)
-    if libm.fesetenv(flushed) != 0:
-        yield False
-        return
-    try:
-        yield True
-    finally:
-        libm.fesetenv(saved)
+    with preserved():
+        yield libm.fesetenv(flushed) == 0
 
 
 @contextlib.contextmanager
@@ -66,24 +60,29 @@ def preserved() -> Iterator[None]:
     """The calling thread's floating-point mode as it was before the block, whatever the block set: for
     creating a session with :data:`SESSION_CONFIG_KEY`, which turns flushing on for good on the thread that
     creates the process's first session."""
-    libm = _libm()
-    saved = ctypes.create_string_buffer(_FENV_BYTES)
-    kept = libm is not None and libm.fegetenv(saved) == 0
+    libm, saved = _libm(), _environment()
     try:
         yield
     finally:
-        if kept:
-            assert libm is not None
+        if libm is not None and saved is not None:
             libm.fesetenv(saved)
 
 
 def thread_flushes() -> bool:
     """Whether the calling thread flushes denormals now (False where that cannot be read)."""
+    env = _environment()
+    return env is not None and _mxcsr(env) & _FTZ_DAZ == _FTZ_DAZ
+
+
+def _environment() -> ctypes.Array[ctypes.c_char] | None:
+    """The calling thread's floating-point environment (fenv_t bytes), or None where it cannot be read."""
     libm = _libm()
-    if libm is None:
-        return False
     env = ctypes.create_string_buffer(_FENV_BYTES)
-    return libm.fegetenv(env) == 0 and int.from_bytes(env.raw[_MXCSR_AT:], "little") & _FTZ_DAZ == _FTZ_DAZ
+    return env if libm is not None and libm.fegetenv(env) == 0 else None
+
+
+def _mxcsr(env: ctypes.Array[ctypes.c_char]) -> int:
+    return int.from_bytes(env.raw[_MXCSR_AT:], "little")
 
 
 def _say_unsupported() -> None:

@@ -12,6 +12,7 @@ imported in ``open``, never at module import.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -156,10 +157,8 @@ class OnnxBackend(Backend):
     def run(self, feeds: Mapping[str, np.ndarray], output_names: Sequence[str]) -> list[Any]:
         """One session run. On a GPU provider, inputs and outputs go through IO binding."""
         if not self._use_io_binding:
-            if self._flush_denormals:
-                with denormals.flushing():
-                    return list(self._session.run(output_names, feeds))
-            return list(self._session.run(output_names, feeds))
+            with denormals.flushing() if self._flush_denormals else contextlib.nullcontext():
+                return list(self._session.run(output_names, feeds))
         binding = self._session.io_binding()
         for name, array in feeds.items():
             binding.bind_cpu_input(name, np.ascontiguousarray(array))
