@@ -68,11 +68,15 @@ def run_workload(model: str, workload: Workload, args: argparse.Namespace, with_
         print(f"  {results[-1].engine:<18}{results[-1].tokens_per_s:8.1f} tok/s", flush=True)
     ctx_per_slot = -(-(workload.max_request_tokens + 16) // 256) * 256
     kv_tokens = max(slots) * ctx_per_slot
-    for weights in args.weights:
-        engine = "sluice" if weights == "auto" else f"sluice-{weights}"
+    runs = [(w, "sluice" if w == "auto" else f"sluice-{w}", "1") for w in args.weights]
+    if args.int4_prompt_baseline:  # the same engine with prompt rows on torch's int4 kernel too
+        runs.append(("auto", "sluice-int4-prompts", "0"))
+    for weights, engine, dense in runs:
+        os.environ["SLUICE_INT4_DENSE_PROMPTS"] = dense  # the spawned child reads it at model load
         results.append(in_child(engine, workload.name, run_sluice, model, workload, args.threads, weights, kv_tokens,
                                 {"max_num_batched_tokens": args.max_num_batched_tokens}))  # fmt: skip
         print(f"  {engine:<18}{results[-1].tokens_per_s:8.1f} tok/s", flush=True)
+    os.environ.pop("SLUICE_INT4_DENSE_PROMPTS", None)
     if with_hf:
         for bs in sorted({min(workload.concurrency, 8), min(workload.concurrency, 32)}):
             results.append(in_child(f"hf-static-{bs}", workload.name, run_hf, model, workload, args.threads, bs))
@@ -143,6 +147,8 @@ def main(argv: list[str] | None = None) -> None:
                     "concurrency are skipped)")  # fmt: skip
     ap.add_argument("--weights", default="auto", help="Sluice weight modes to run, comma-separated")
     ap.add_argument("--max-num-batched-tokens", type=int, default=512)
+    ap.add_argument("--int4-prompt-baseline", action="store_true",
+                    help="also run Sluice with SLUICE_INT4_DENSE_PROMPTS=0 (prompt rows on the int4 kernel)")
     ap.add_argument("--scale-1b", type=float, default=0.25, help="workload size for the 1B model (1 = SmolLM2's)")
     ap.add_argument("--no-hf", action="store_true")
     ap.add_argument("--hf-1b", action="store_true", help="also HF generate on the 1B model (fp32: 5 GB)")

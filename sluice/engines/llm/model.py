@@ -177,6 +177,8 @@ class CausalLM(nn.Module):
             rotary.append((cos[rows].unsqueeze(1), sin[rows].unsqueeze(1)))  # (num_tokens, 1, rotary_dim)
         for layer, kv_cache, table in zip(self.layers, kv_caches, self.layer_rope, strict=True):
             h = layer(h, *rotary[table], kv_cache, meta)
+        if not logits_indices.numel():  # only partial prefill chunks this step: nothing is sampled
+            return torch.empty(0, self.config.vocab_size, device=h.device)
         h = self.norm(h.index_select(0, logits_indices))  # (num_samples, hidden)
         if h.device.type == "cpu" and isinstance(self.lm_head, nn.Linear):
             # (vocab, hidden) @ (hidden, num_samples): for a few rows (a decode batch, a speculative verify)
@@ -221,4 +223,4 @@ def _swap_in(model: nn.Module, module_name: str, weight: Materialized, dtype: to
         return
     assert not isinstance(weight, (torch.Tensor, GGUFRows))
     bias = old.bias if old.bias is not None and old.bias.device.type != "meta" else None
-    setattr(parent, attr, QuantizedLinear(weight, bias))
+    setattr(parent, attr, QuantizedLinear(weight, bias, routes_rows=module_name != "lm_head"))

@@ -17,13 +17,20 @@ marked for the long-factor rotary table (the scheduler recomputes a request's KV
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 
 import torch
 
 from sluice.engines.llm.attention import AttentionMetadata, plan_cpu_attention
 from sluice.engines.llm.config import EngineConfig, ModelConfig
-from sluice.engines.llm.layers.quantized import PACKED_MODULES, describe_forms
+from sluice.engines.llm.layers.quantized import (
+    PACKED_MODULES,
+    QuantizedLinear,
+    RowSplit,
+    dense_rows,
+    describe_forms,
+)
 from sluice.engines.llm.model import CausalLM, KVCache
 from sluice.engines.llm.quant.policy import Source
 from sluice.engines.llm.request import Request
@@ -33,6 +40,7 @@ from sluice.engines.llm.speculation import accept_drafts
 from sluice.engines.llm.structured.bitmask import TokenBitmask
 
 log = logging.getLogger(__name__)
+DENSE_PROMPTS_ENV = "SLUICE_INT4_DENSE_PROMPTS"
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -90,6 +98,10 @@ class ModelRunner:
         if self.has_packed_weights:
             log.info("llm weights %s: %s; KV pool %s", engine_config.weights, describe_forms(self.model),
                      str(self.kv_dtype).removeprefix("torch."))  # fmt: skip
+        # int4 projections take prompt rows through a dense bf16 GEMM (layers/quantized.py: dense_rows);
+        # SLUICE_INT4_DENSE_PROMPTS=0 keeps every row on the int4 kernel (benchmarks compare the two).
+        self.routes_prompt_rows = os.environ.get(DENSE_PROMPTS_ENV, "1") != "0" and any(
+            isinstance(m, QuantizedLinear) and m.routes_rows for m in self.model.modules())
         self.sampler = Sampler(engine_config.seed)
         # CPU: attention planned once per step (attention.py); otherwise the kernels' ops, fed padded
         # block tables. Tests switch this off on the CPU to run the kernel path's plumbing.
@@ -152,6 +164,7 @@ class ModelRunner:
         sampled_requests: list[tuple[Request, list[int]]] = []
         switch = self.long_rope_switch_len
         long_rope: list[int] = []  # LongRoPE only: 1 per row of a request past the switch length
+        prompt_row: list[bool] = []  # int4 routing only: per row, whether it is a prompt position
         for item in scheduled:
             req, num_new, drafts = item.request, item.num_new_tokens, item.draft_token_ids
             start, end = req.num_computed_tokens, req.num_computed_tokens + num_new
@@ -172,6 +185,9 @@ class ModelRunner:
             seq_lens.append(end)
             if switch is not None:
                 long_rope.extend([int(req.num_tokens > switch)] * num_new)
+            if self.routes_prompt_rows:
+                in_prompt = max(0, min(end, req.num_prompt_tokens) - start)
+                prompt_row.extend([True] * in_prompt + [False] * (num_new - in_prompt))
             tables.append(blocks)
             if item.completes:
                 for j in range(len(drafts), -1, -1):  # the last token's row, then one per draft
@@ -191,13 +207,14 @@ class ModelRunner:
             meta.long_rope = torch.tensor(long_rope, dtype=torch.int64, device=dev)
         if self.use_cpu_attention_plan:
             meta.cpu_plan = plan_cpu_attention(query_lens, seq_lens, tables, bs, self.group, self.windows)
-        logits = self.model(
-            torch.tensor(input_ids, dtype=torch.int64, device=dev),
-            torch.tensor(positions, dtype=torch.int64, device=dev),
-            self.kv_caches,
-            meta,
-            torch.tensor(logits_rows, dtype=torch.int64, device=dev),
-        )  # (num_sampled, vocab) float32
+        with dense_rows(RowSplit.of(prompt_row)):
+            logits = self.model(
+                torch.tensor(input_ids, dtype=torch.int64, device=dev),
+                torch.tensor(positions, dtype=torch.int64, device=dev),
+                self.kv_caches,
+                meta,
+                torch.tensor(logits_rows, dtype=torch.int64, device=dev),
+            )  # (num_sampled, vocab) float32
         if not sampled_requests:
             return {}
         out = self.sampler.sample(logits, sampling, token_bitmask)

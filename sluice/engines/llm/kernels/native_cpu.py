@@ -38,7 +38,7 @@ import torch
 log = logging.getLogger(__name__)
 
 ENV = "SLUICE_NATIVE_KERNELS"
-_SOURCE = Path(__file__).with_name("native") / "cpu_ops.cpp"
+_SOURCES = tuple(Path(__file__).with_name("native") / name for name in ("cpu_ops.cpp", "int4_unpack.cpp"))
 
 
 def enabled() -> bool:
@@ -79,7 +79,9 @@ def _ops() -> ModuleType:
 
 def build_key() -> str:
     """The build's cache key: source, torch version, CPU flags."""
-    digest = hashlib.sha256(_SOURCE.read_bytes())
+    digest = hashlib.sha256()
+    for source in _SOURCES:
+        digest.update(source.read_bytes())
     digest.update(torch.__version__.encode())
     digest.update(_cpu_identity().encode())
     return digest.hexdigest()[:16]
@@ -106,10 +108,11 @@ def _build() -> ModuleType | None:
         build_dir.mkdir(parents=True, exist_ok=True)
         first = not any(build_dir.glob("*.so"))
         if first:
-            log.info("compiling the native CPU kernels (decode attention, RMSNorm, rotary, silu*mul) for this "
+            log.info("compiling the native CPU kernels (decode attention, RMSNorm, rotary, silu*mul, int4 unpack) for "
+                     "this "
                      "machine, once (~1 min), into %s", build_dir)
         module = cpp_extension.load(
-            name=f"sluice_cpu_ops_{key}", sources=[str(_SOURCE)], build_directory=str(build_dir),
+            name=f"sluice_cpu_ops_{key}", sources=[str(s) for s in _SOURCES], build_directory=str(build_dir),
             extra_cflags=["-O3", "-march=native", "-fopenmp", "-fno-math-errno"], extra_ldflags=["-fopenmp"], verbose=False,
         )  # fmt: skip
     except Exception as exc:  # no compiler, no ninja, a compile error: the torch path still works
@@ -156,3 +159,9 @@ def decode_attention(
     out: torch.Tensor = _ops().decode_attention(query, key, value, k_cache, v_cache, slots, blocks, lens, scale,
                                                 window or 0, softcap or 0.0)  # fmt: skip
     return out
+
+
+def int4_unpack(packed: torch.Tensor, scale_zero: torch.Tensor, row0: int, out: torch.Tensor) -> None:
+    """Rows ``row0 .. row0 + len(out)`` of an int4 weight in torch's packed CPU layout (``Int4Weight``),
+    dequantised into ``out`` (``(rows, K)`` bfloat16, contiguous); call only where :func:`usable`."""
+    _ops().int4_unpack(packed, scale_zero, row0, out)

@@ -122,6 +122,8 @@ class GGUFRows:
         """Rows ``ids`` (int64, any shape) dequantised, float32 ``(*ids.shape, cols)``: embedding lookups.
         Fast when the rows are in memory (:meth:`loaded`)."""
         flat = ids.reshape(-1)
+        if not flat.numel():
+            return torch.empty(*ids.shape, self.shape[1])
         if len(self.parts) == 1 and isinstance(self.parts[0], MemoryRows):
             raw = self.parts[0].data.index_select(0, flat)
         else:

@@ -339,9 +339,12 @@ torch::Tensor silu_mul(torch::Tensor gate_up) {
 
 }  // namespace
 
+void int4_unpack(const torch::Tensor& packed, const torch::Tensor& scale_zero, int64_t row0, torch::Tensor& out);
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("decode_attention", &decode_attention, "store this step's K/V and attend each decode row (CPU)");
   m.def("rms_norm", &rms_norm, "Llama's RMSNorm of float32 rows (CPU)");
   m.def("rotary", &rotary, "rotary embedding of float32 / bfloat16 heads (CPU)");
   m.def("silu_mul", &silu_mul, "silu(gate) * up of bfloat16 [gate | up] rows (CPU)");
+  m.def("int4_unpack", &int4_unpack, "rows of a packed int4 CPU weight as bfloat16 (int4_unpack.cpp)");
 }
