@@ -162,6 +162,8 @@ def decode_attention(
 
 
 def int4_unpack(packed: torch.Tensor, scale_zero: torch.Tensor, row0: int, out: torch.Tensor) -> None:
-    """Rows ``row0 .. row0 + len(out)`` of an int4 weight in torch's packed CPU layout (``Int4Weight``),
-    dequantised into ``out`` (``(rows, K)`` bfloat16, contiguous); call only where :func:`usable`."""
+    """Rows ``row0 .. row0 + out.shape[1]`` of an int4 weight in torch's packed CPU layout (``Int4Weight``),
+    dequantised and transposed into ``out`` (``(K, rows)`` bfloat16, contiguous): ``W[row0:row0 + rows].T``.
+    ``row0`` starts a 64-row tile; the rows end on one or at the last (padded) row. Call only where
+    :func:`usable`."""
     _ops().int4_unpack(packed, scale_zero, row0, out)

@@ -45,23 +45,25 @@ def test_unpack_gives_the_weight_rounded_to_bf16(rows: int, cols: int) -> None:
     """Whole 64-row tiles, a tail of 16 / 48 rows, padding (200 -> 208), a slice that starts mid-matrix."""
     w, values = _weight(rows, cols, seed=rows + cols)
     padded = w.packed.shape[0]
-    out = torch.empty(padded, cols, dtype=torch.bfloat16)
+    out = torch.empty(cols, padded, dtype=torch.bfloat16)  # W.T
     native_cpu.int4_unpack(w.packed, w.scale_zero, 0, out)
-    want = values.to(torch.bfloat16)
-    assert torch.equal(out[:rows], want) or (out[:rows].float() - values).abs().max() <= 2**-8 * values.abs().max()
-    assert (out[:rows] == want).float().mean() > 0.999  # only fma-vs-mul+add ties may round the other way
+    got, want = out.T[:rows], values.to(torch.bfloat16)
+    assert float((got.float() - values).abs().max()) <= 2**-8 * float(values.abs().max())
+    assert (got == want).float().mean() > 0.999  # only fma-vs-mul+add ties may round the other way
     if padded > 128:
-        part = torch.empty(padded - 64, cols, dtype=torch.bfloat16)
+        part = torch.empty(cols, padded - 64, dtype=torch.bfloat16)
         native_cpu.int4_unpack(w.packed, w.scale_zero, 64, part)
-        assert torch.equal(part, out[64:])
+        assert torch.equal(part, out[:, 64:])
 
 
 def test_unpack_refuses_what_it_cannot_read() -> None:
-    w, _ = _weight(64, 64, seed=0)
-    with pytest.raises(RuntimeError, match="rows out of range"):
+    w, _ = _weight(128, 64, seed=0)
+    with pytest.raises(RuntimeError, match="start on a 64-row tile"):
         native_cpu.int4_unpack(w.packed, w.scale_zero, 32, torch.empty(64, 64, dtype=torch.bfloat16))
+    with pytest.raises(RuntimeError, match="rows out of range"):
+        native_cpu.int4_unpack(w.packed, w.scale_zero, 64, torch.empty(64, 128, dtype=torch.bfloat16))
     with pytest.raises(RuntimeError, match="out must be"):
-        native_cpu.int4_unpack(w.packed, w.scale_zero, 0, torch.empty(64, 32, dtype=torch.bfloat16))
+        native_cpu.int4_unpack(w.packed, w.scale_zero, 0, torch.empty(32, 64, dtype=torch.bfloat16))
 
 
 @pytest.mark.parametrize("rows", [1, 2, 37])
