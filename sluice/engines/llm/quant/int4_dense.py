@@ -2,9 +2,11 @@
 
 torch's ``_weight_int4pack_mm_for_cpu`` dequantises every weight tile again for each block of four rows and
 multiplies in float32; for a prompt's hundreds of rows that is 2-2.7x slower than dequantising the weight
-once (native ``int4_unpack``, transposed as the packed layout stores it) into a bf16 scratch slice and handing it
-to oneDNN's bf16 GEMM (measured on a 2-core AMD EPYC, Zen 4: 8192 x 2048 at 512 rows 106 ms against 39 + 4,
-at 64 rows 13.4 against 6.1 + 4; at 8 rows and fewer the int4 kernel wins).
+once (native ``int4_unpack``, transposed as the packed layout stores it: ~1.4 ms for 8192 x 2048 on two
+cores) into a bf16 scratch slice and handing it to oneDNN's bf16 GEMM. Measured on a 2-core AMD EPYC
+(Zen 4), 16384 x 2048: 128 rows 27.6 ms against 51.9, 36 rows 13.2 against 14.8, 8 rows 8.5 against 3.3 --
+below about 32 rows the GEMM is bound by memory (the bf16 slice is 3.5x the packed bytes, written by the
+unpack and read again) and loses.
 
 Guarantees:
 
