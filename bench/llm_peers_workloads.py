@@ -1,7 +1,9 @@
-"""The three workloads of ``bench/llm_peers.py``, as token ids both engines receive unchanged.
+"""The workloads of ``bench/llm_peers.py``, as token ids both engines receive unchanged.
 
 * ``labelling``: ``bench/llm.py``'s 64 review-labelling chats sharing one system prompt, ``max_tokens``
   1..48 each, all sent at once (prefill-heavy; the shared prefix is what a prefix cache saves).
+* ``labelling-1``: the first quarter of those chats one at a time (a lightly loaded stream: each prompt's
+  uncached part is computed alone).
 * ``decode-<C>``: short distinct prompts, 192 new tokens each, ``C`` requests at once (a closed loop: a
   finished request is replaced by the next until all are done).
 * ``extraction``: distinct ~500-token documents (a product page, a support thread...) with an instruction
@@ -71,7 +73,10 @@ def build_workloads(tokenizer: object, scale: float = 1.0, decode_concurrency: t
 
     n_label = max(4, int(64 * scale))
     chats, label_max = build_workload(n_label)
-    workloads = [Workload("labelling", [encode(c) for c in chats], label_max, n_label)]
+    labelled = [encode(c) for c in chats]
+    workloads = [Workload("labelling", labelled, label_max, n_label)]
+    n_light = max(4, n_label // 4)  # the same chats one at a time: a lightly loaded stream
+    workloads.append(Workload("labelling-1", labelled[:n_light], label_max[:n_light], 1))
     new_tokens = max(8, int(decode_tokens * min(1.0, scale)))
     for c in decode_concurrency:
         num = max(c, 2) if c > 1 else max(2, int(3 * scale))  # one request at a time: a few in a row
