@@ -3,7 +3,8 @@
 Models: SmolLM2-135M-Instruct Q4_1 (as fetched) and a random-weight Llama-3.2-1B-shaped model as Q4_0 and
 Q8_0 GGUF files written by llama.cpp's own converter and quantiser (``llm_peers_models.py``), so both
 engines read the same file. Workloads (``llm_peers_workloads.py``): labelling (prefill-heavy, one shared
-system prompt), decode-heavy at 1, 8 and 32 requests at once, and extraction (long distinct prompts).
+system prompt; ``labelling-1``: a quarter of those chats one at a time), decode-heavy at 1, 8 and 32
+requests at once, and extraction (long distinct prompts).
 
 * Sluice: ``LLM(model, weights=...)`` (default ``auto``: the GGUF's quantisation kept), continuous batching
   and prefix caching, requests added as the workload's concurrency allows; its KV pool holds as many tokens

@@ -12,6 +12,8 @@ draws the token at each position exactly as it would without speculation), and
 Per-model extras of the step: the CPU attention plan gets masks for each sliding window of the model's
 layers; for LongRoPE models the rows of requests longer than ``ModelConfig.long_rope_switch_len`` are
 marked for the long-factor rotary table (the scheduler recomputes a request's KV once when it grows past it).
+With int4 projections the rows that are prompt positions are named for their dense bf16 path
+(``layers/quantized.py``: ``dense_rows``), decided per row, so a prompt's numbers do not depend on its batch.
 """
 
 from __future__ import annotations
