@@ -11,6 +11,9 @@ thirty layers a step. These kernels do each of those in one call:
 * ``rms_norm`` (float32 rows), ``rotary`` (bit for bit the torch path's, float32 and bfloat16) and
   ``silu_mul`` (the gated MLP's bfloat16 ``silu(gate) * up``, rounded as torch rounds it).
 
+Beside them, ``int4_unpack`` (``native/int4_unpack.cpp``) dequantises an int4 weight's rows to bfloat16 for
+the dense GEMM of prompt rows (``quant/int4_dense.py``).
+
 Measured on a 2-core AMD EPYC (Zen 4), SmolLM2-135M with ``weights: auto``: decode attention 15-25 us a
 layer against 40-75 for the torch path at one sequence, RMSNorm ~1 us against ~8.
 
@@ -108,9 +111,8 @@ def _build() -> ModuleType | None:
         build_dir.mkdir(parents=True, exist_ok=True)
         first = not any(build_dir.glob("*.so"))
         if first:
-            log.info("compiling the native CPU kernels (decode attention, RMSNorm, rotary, silu*mul, int4 unpack) for "
-                     "this "
-                     "machine, once (~1 min), into %s", build_dir)
+            log.info("compiling the native CPU kernels (decode attention, RMSNorm, rotary, silu*mul, int4 unpack) "
+                     "for this machine, once (~1 min), into %s", build_dir)
         module = cpp_extension.load(
             name=f"sluice_cpu_ops_{key}", sources=[str(s) for s in _SOURCES], build_directory=str(build_dir),
             extra_cflags=["-O3", "-march=native", "-fopenmp", "-fno-math-errno"], extra_ldflags=["-fopenmp"], verbose=False,
