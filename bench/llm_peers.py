@@ -69,15 +69,25 @@ def run_workload(model: str, workload: Workload, args: argparse.Namespace, with_
         print(f"  {results[-1].engine:<18}{results[-1].tokens_per_s:8.1f} tok/s", flush=True)
     ctx_per_slot = -(-(workload.max_request_tokens + 16) // 256) * 256
     kv_tokens = max(slots) * ctx_per_slot
-    runs = [(w, "sluice" if w == "auto" else f"sluice-{w}", "1") for w in args.weights]
-    if args.int4_prompt_baseline:  # the same engine with prompt rows on torch's int4 kernel too
-        runs.append(("auto", "sluice-int4-prompts", "0"))
-    for weights, engine, dense in runs:
-        os.environ["SLUICE_INT4_DENSE_PROMPTS"] = dense  # the spawned child reads it at model load
-        results.append(in_child(engine, workload.name, run_sluice, model, workload, args.threads, weights, kv_tokens,
-                                {"max_num_batched_tokens": args.max_num_batched_tokens}))  # fmt: skip
+    # (weights, engine name, environment of the spawned child: it reads these at model load / per matmul)
+    runs = [(w, "sluice" if w == "auto" else f"sluice-{w}", {}) for w in args.weights]
+    if args.int4_prompt_baseline:  # the same engine with prompt rows on the int4 kernel too
+        runs.append(("auto", "sluice-int4-prompts", {"SLUICE_INT4_DENSE_PROMPTS": "0"}))
+    if args.int4_kernel_baseline:  # the same engine with torch's int4 kernel instead of Sluice's
+        runs.append(("auto", "sluice-torch-int4", {"SLUICE_INT4_MATMUL": "0"}))
+    for weights, engine, env in runs:
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
+            results.append(in_child(engine, workload.name, run_sluice, model, workload, args.threads, weights,
+                                    kv_tokens, {"max_num_batched_tokens": args.max_num_batched_tokens}))  # fmt: skip
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
         print(f"  {engine:<18}{results[-1].tokens_per_s:8.1f} tok/s", flush=True)
-    os.environ.pop("SLUICE_INT4_DENSE_PROMPTS", None)
     if with_hf:
         for bs in sorted({min(workload.concurrency, 8), min(workload.concurrency, 32)}):
             results.append(in_child(f"hf-static-{bs}", workload.name, run_hf, model, workload, args.threads, bs))
@@ -150,6 +160,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-num-batched-tokens", type=int, default=512)
     ap.add_argument("--int4-prompt-baseline", action="store_true",
                     help="also run Sluice with SLUICE_INT4_DENSE_PROMPTS=0 (prompt rows on the int4 kernel)")
+    ap.add_argument("--int4-kernel-baseline", action="store_true",
+                    help="also run Sluice with SLUICE_INT4_MATMUL=0 (torch's int4 kernel, not Sluice's own)")
     ap.add_argument("--scale-1b", type=float, default=0.25, help="workload size for the 1B model (1 = SmolLM2's)")
     ap.add_argument("--no-hf", action="store_true")
     ap.add_argument("--hf-1b", action="store_true", help="also HF generate on the 1B model (fp32: 5 GB)")

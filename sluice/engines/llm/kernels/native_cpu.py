@@ -41,7 +41,9 @@ import torch
 log = logging.getLogger(__name__)
 
 ENV = "SLUICE_NATIVE_KERNELS"
-_SOURCES = tuple(Path(__file__).with_name("native") / name for name in ("cpu_ops.cpp", "int4_unpack.cpp"))
+INT4_MATMUL_ENV = "SLUICE_INT4_MATMUL"
+_SOURCES = tuple(Path(__file__).with_name("native") / name
+                 for name in ("cpu_ops.cpp", "int4_unpack.cpp", "int4_matmul.cpp"))  # fmt: skip
 
 
 def enabled() -> bool:
@@ -169,3 +171,23 @@ def int4_unpack(packed: torch.Tensor, scale_zero: torch.Tensor, row0: int, out: 
     ``row0`` starts a 64-row tile; the rows end on one or at the last (padded) row. Call only where
     :func:`usable`."""
     _ops().int4_unpack(packed, scale_zero, row0, out)
+
+
+def int4_matmul_usable() -> bool:
+    """Whether :func:`int4_matmul` runs here: the kernels usable and built with its vector path (a CPU with
+    AVX512-BF16 and VBMI), and ``SLUICE_INT4_MATMUL`` not ``0`` (benchmarks compare the two). Elsewhere
+    ``Int4Weight`` keeps torch's int4 kernel."""
+    return os.environ.get(INT4_MATMUL_ENV, "1") != "0" and usable() and _int4_vector_path()
+
+
+@functools.cache
+def _int4_vector_path() -> bool:
+    return bool(_ops().int4_matmul_available())
+
+
+def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scale_zero: torch.Tensor) -> torch.Tensor:
+    """``x @ W.T`` for ``x`` ``(M, K)`` contiguous bfloat16 and an int4 weight in torch's packed CPU layout
+    (``Int4Weight``): ``(M, Np)`` bfloat16, Np the padded rows. Each row's result is independent of the
+    others in the call; call only where :func:`int4_matmul_usable`."""
+    out: torch.Tensor = _ops().int4_matmul(x, packed, scale_zero)
+    return out

@@ -31,6 +31,7 @@ from typing import Protocol
 
 import torch
 
+from sluice.engines.llm.kernels import native_cpu
 from sluice.engines.llm.quant.gguf_blocks import GROUP, affine_int4
 from sluice.engines.llm.quant.gguf_rows import GGUFRows
 
@@ -193,7 +194,10 @@ class Int4Weight:
         return cls(packed, scale_zero, num_rows)
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        y = torch.ops.aten._weight_int4pack_mm_for_cpu(_to_compute(x), self.packed, GROUP, self.scale_zero)
+        if native_cpu.int4_matmul_usable():  # the same layout, 1.3-2.3x faster (kernels/native/int4_matmul.cpp)
+            y = native_cpu.int4_matmul(_to_compute(x).contiguous(), self.packed, self.scale_zero)
+        else:
+            y = torch.ops.aten._weight_int4pack_mm_for_cpu(_to_compute(x), self.packed, GROUP, self.scale_zero)
         return y if y.shape[1] == self.out_features else y[:, : self.out_features]
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:

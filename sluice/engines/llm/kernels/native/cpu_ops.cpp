@@ -340,6 +340,8 @@ torch::Tensor silu_mul(torch::Tensor gate_up) {
 }  // namespace
 
 void int4_unpack(const torch::Tensor& packed, const torch::Tensor& scale_zero, int64_t row0, torch::Tensor& out);
+bool int4_matmul_available();
+torch::Tensor int4_matmul(const torch::Tensor& x, const torch::Tensor& packed, const torch::Tensor& scale_zero);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("decode_attention", &decode_attention, "store this step's K/V and attend each decode row (CPU)");
@@ -347,4 +349,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rotary", &rotary, "rotary embedding of float32 / bfloat16 heads (CPU)");
   m.def("silu_mul", &silu_mul, "silu(gate) * up of bfloat16 [gate | up] rows (CPU)");
   m.def("int4_unpack", &int4_unpack, "rows of a packed int4 CPU weight as bfloat16 (int4_unpack.cpp)");
+  m.def("int4_matmul_available", &int4_matmul_available, "whether int4_matmul has its vector path here");
+  m.def("int4_matmul", &int4_matmul, "x @ W.T for a packed int4 CPU weight, bfloat16 (int4_matmul.cpp)");
 }

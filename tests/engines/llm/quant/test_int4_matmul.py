@@ -1,0 +1,108 @@
+"""The native int4 matmul (``kernels/native/int4_matmul.cpp``): what ``Int4Weight.matmul`` runs for decode rows,
+drafts and the LM head on CPUs with AVX512-BF16.
+
+The reference is independent of the packed layout: the weight rebuilt in float64 from the ``q``, scales and
+offsets it was packed from (bf16 scale and zero point, as ``Int4Weight`` holds them), times the activations
+rounded to bf16 as the kernel takes them. The kernel sums exact products in float32 and rounds once to bf16,
+so it must sit within one bf16 rounding of that product; torch's own int4 kernel is held to the same bar.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sluice.engines.llm.kernels import native_cpu
+from sluice.engines.llm.quant.gguf_blocks import GROUP
+from sluice.engines.llm.quant.packed import Int4Weight
+
+pytestmark = pytest.mark.skipif(
+    not native_cpu.int4_matmul_usable(),
+    reason="the int4 matmul's vector path needs a CPU with AVX512-BF16 and VBMI (elsewhere torch's kernel runs)",
+)
+
+
+def _weight(rows: int, cols: int, seed: int) -> tuple[Int4Weight, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randint(0, 16, (rows, cols), generator=gen, dtype=torch.uint8)
+    scale = torch.rand(rows, cols // GROUP, generator=gen) * 0.1 + 0.01
+    offset = torch.randn(rows, cols // GROUP, generator=gen) * 0.3 - 8 * scale
+    s = scale.to(torch.bfloat16).double()
+    z = (offset + 8 * scale).to(torch.bfloat16).double()
+    values = ((q.double() - 8).view(rows, -1, GROUP) * s.unsqueeze(-1) + z.unsqueeze(-1)).view(rows, cols)
+    return Int4Weight.from_affine(q, scale, offset), values
+
+
+def _product(x: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    return x.to(torch.bfloat16).double() @ values.T
+
+
+def _assert_one_rounding(got: torch.Tensor, want: torch.Tensor) -> None:
+    """Within a bf16 rounding of each output (2**-8 relative), plus float32 summation slack."""
+    err = (got.double() - want).abs()
+    bound = want.abs() * 2**-8 + 1e-5 * float(want.abs().max())
+    assert bool((err <= bound).all()), f"worst excess {float((err - bound).max()):.3g}"
+
+
+# whole 64-row tiles, tails of 16 / 32 / 48 rows (the scalar path), padding 200 -> 208, K of one group
+@pytest.mark.parametrize(("rows", "cols"), [(64, 64), (16, 96), (96, 64), (112, 128), (200, 256), (64, 32),
+                                            (576, 1536), (960, 576)])  # fmt: skip
+@pytest.mark.parametrize("m", [1, 3, 4, 5, 9])
+def test_matmul_is_the_product_within_one_bf16_rounding(rows: int, cols: int, m: int) -> None:
+    w, values = _weight(rows, cols, seed=rows * 7 + cols)
+    x = torch.randn(m, cols, generator=torch.Generator().manual_seed(m)) * 3
+    got = native_cpu.int4_matmul(x.to(torch.bfloat16).contiguous(), w.packed, w.scale_zero)
+    assert got.shape == (m, w.packed.shape[0]) and got.dtype == torch.bfloat16
+    want = _product(x, values)
+    _assert_one_rounding(got[:, :rows], want)
+    _assert_one_rounding(torch.ops.aten._weight_int4pack_mm_for_cpu(x.to(torch.bfloat16), w.packed, GROUP,
+                                                                    w.scale_zero)[:, :rows], want)  # fmt: skip
+
+
+def test_int4_weight_matmul_runs_it_and_the_switch_restores_torchs_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    w, _ = _weight(200, 128, seed=1)
+    x = torch.randn(6, 128, generator=torch.Generator().manual_seed(2))
+    native = native_cpu.int4_matmul(x.to(torch.bfloat16).contiguous(), w.packed, w.scale_zero)[:, :200]
+    calls: list[int] = []
+    real = native_cpu.int4_matmul
+    monkeypatch.setattr(native_cpu, "int4_matmul", lambda *a: calls.append(1) or real(*a))
+    assert torch.equal(w.matmul(x), native) and calls  # float32 activations go in as bf16, padding rows cut
+    monkeypatch.setenv(native_cpu.INT4_MATMUL_ENV, "0")
+    calls.clear()
+    torch_kernel = torch.ops.aten._weight_int4pack_mm_for_cpu(x.to(torch.bfloat16), w.packed, GROUP, w.scale_zero)
+    assert torch.equal(w.matmul(x), torch_kernel[:, :200]) and not calls
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    tiles=st.integers(1, 3),
+    tail=st.sampled_from([0, 16, 32, 48]),
+    groups=st.integers(1, 6),
+    m=st.integers(1, 12),
+    data=st.data(),
+)
+def test_a_rows_result_does_not_depend_on_the_other_rows(tiles: int, tail: int, groups: int, m: int,
+                                                         data: st.DataObject) -> None:  # fmt: skip
+    """What lets the engine batch decode rows, drafts and sampled rows freely: every row alone, or any subset
+    in any order, gives bit for bit what it gives among all M rows."""
+    rows, cols = 64 * tiles + tail, GROUP * groups
+    w, _ = _weight(rows, cols, seed=rows + cols + m)
+    x = (torch.randn(m, cols, generator=torch.Generator().manual_seed(m)) * 2).to(torch.bfloat16)
+    whole = native_cpu.int4_matmul(x, w.packed, w.scale_zero)
+    subset = data.draw(st.lists(st.integers(0, m - 1), min_size=1, max_size=m))
+    part = native_cpu.int4_matmul(x[subset].contiguous(), w.packed, w.scale_zero)
+    assert torch.equal(part, whole[subset])
+
+
+def test_no_rows_and_refusals() -> None:
+    w, _ = _weight(64, 64, seed=0)
+    empty = native_cpu.int4_matmul(torch.empty(0, 64, dtype=torch.bfloat16), w.packed, w.scale_zero)
+    assert empty.shape == (0, 64)
+    with pytest.raises(RuntimeError, match="x must be"):
+        native_cpu.int4_matmul(torch.zeros(1, 64), w.packed, w.scale_zero)  # float32
+    with pytest.raises(RuntimeError, match="packed must be"):
+        native_cpu.int4_matmul(torch.zeros(1, 96, dtype=torch.bfloat16), w.packed, w.scale_zero)  # K differs
+    with pytest.raises(RuntimeError, match="scale_zero must be"):
+        native_cpu.int4_matmul(torch.zeros(1, 64, dtype=torch.bfloat16), w.packed, w.scale_zero.float())
