@@ -73,7 +73,9 @@ def run_workload(model: str, workload: Workload, args: argparse.Namespace, with_
     runs = [(w, "sluice" if w == "auto" else f"sluice-{w}", {}) for w in args.weights]
     if args.int4_prompt_baseline:  # the same engine with prompt rows on the int4 kernel too
         runs.append(("auto", "sluice-int4-prompts", {"SLUICE_INT4_DENSE_PROMPTS": "0"}))
-    if args.int4_kernel_baseline:  # the same engine with torch's int4 kernel instead of Sluice's
+    if args.native_layers_baseline:  # the same engine with decode steps through the Python modules
+        runs.append(("auto", "sluice-modules", {"SLUICE_NATIVE_LAYERS": "0"}))
+    if args.int4_kernel_baseline:  # torch's int4 kernel (and so the modules): the engine before both
         runs.append(("auto", "sluice-torch-int4", {"SLUICE_INT4_MATMUL": "0"}))
     for weights, engine, env in runs:
         saved = {k: os.environ.get(k) for k in env}
@@ -160,8 +162,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-num-batched-tokens", type=int, default=512)
     ap.add_argument("--int4-prompt-baseline", action="store_true",
                     help="also run Sluice with SLUICE_INT4_DENSE_PROMPTS=0 (prompt rows on the int4 kernel)")
+    ap.add_argument("--native-layers-baseline", action="store_true",
+                    help="also run Sluice with SLUICE_NATIVE_LAYERS=0 (decode steps through the Python modules)")
     ap.add_argument("--int4-kernel-baseline", action="store_true",
-                    help="also run Sluice with SLUICE_INT4_MATMUL=0 (torch's int4 kernel, not Sluice's own)")
+                    help="also run Sluice with SLUICE_INT4_MATMUL=0 (torch's int4 kernel, not Sluice's own; "
+                    "the native layer stack needs the latter, so it is off too)")
     ap.add_argument("--scale-1b", type=float, default=0.25, help="workload size for the 1B model (1 = SmolLM2's)")
     ap.add_argument("--no-hf", action="store_true")
     ap.add_argument("--hf-1b", action="store_true", help="also HF generate on the 1B model (fp32: 5 GB)")

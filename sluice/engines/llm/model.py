@@ -20,6 +20,7 @@ from torch import nn
 
 from sluice.engines.llm.attention import AttentionMetadata
 from sluice.engines.llm.config import ModelConfig, RopeConfig
+from sluice.engines.llm.layers.native_layers import NativeDecodeLayers
 from sluice.engines.llm.layers.norm import make_norm
 from sluice.engines.llm.layers.quantized import QuantizedEmbedding, QuantizedLinear, RescoredHead
 from sluice.engines.llm.layers.rotary import rope_tables
@@ -62,6 +63,9 @@ class CausalLM(nn.Module):
         self.rope_cos: list[torch.Tensor] = []
         self.rope_sin: list[torch.Tensor] = []
         self.embed_scale: torch.Tensor | None = None  # () in the embeddings' dtype, as HF rounds it
+        # the layer stack of decode-only steps in one native call, where it applies (set by the runner once
+        # the KV pool exists: layers/native_layers.py)
+        self.native_layers: NativeDecodeLayers | None = None
 
     @classmethod
     def from_weights(
@@ -175,8 +179,12 @@ class CausalLM(nn.Module):
             if rope.scaling == "longrope" and meta.long_rope is not None:
                 rows = positions + meta.long_rope * self.long_rope_offset
             rotary.append((cos[rows].unsqueeze(1), sin[rows].unsqueeze(1)))  # (num_tokens, 1, rotary_dim)
-        for layer, kv_cache, table in zip(self.layers, kv_caches, self.layer_rope, strict=True):
-            h = layer(h, *rotary[table], kv_cache, meta)
+        native = self.native_layers
+        if native is not None and native.applies(h, meta, kv_caches, rotary[0][0]):
+            h = native(h, *rotary[0], meta)  # the same arithmetic as the loop below, in one call
+        else:
+            for layer, kv_cache, table in zip(self.layers, kv_caches, self.layer_rope, strict=True):
+                h = layer(h, *rotary[table], kv_cache, meta)
         if not logits_indices.numel():  # only partial prefill chunks this step: nothing is sampled
             return torch.empty(0, self.config.vocab_size, device=h.device)
         h = self.norm(h.index_select(0, logits_indices))  # (num_samples, hidden)

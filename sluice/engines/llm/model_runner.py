@@ -26,6 +26,7 @@ import torch
 
 from sluice.engines.llm.attention import AttentionMetadata, plan_cpu_attention
 from sluice.engines.llm.config import EngineConfig, ModelConfig
+from sluice.engines.llm.layers.native_layers import NativeDecodeLayers
 from sluice.engines.llm.layers.quantized import (
     PACKED_MODULES,
     QuantizedLinear,
@@ -128,6 +129,8 @@ class ModelRunner:
             dtype=self.kv_dtype, device=self.device,
         )  # fmt: skip
         self.kv_caches: list[KVCache] = [(self.kv_pool[i, 0], self.kv_pool[i, 1]) for i in range(cfg.num_layers)]
+        if self.device.type == "cpu" and self.has_packed_weights:
+            self.model.native_layers = NativeDecodeLayers.of(self.model, self.kv_caches)
 
     def _kv_budget_bytes(self, ecfg: EngineConfig, mcfg: ModelConfig) -> int:
         if ecfg.kv_cache_memory_bytes is not None:

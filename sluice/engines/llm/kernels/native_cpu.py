@@ -43,7 +43,7 @@ log = logging.getLogger(__name__)
 ENV = "SLUICE_NATIVE_KERNELS"
 INT4_MATMUL_ENV = "SLUICE_INT4_MATMUL"
 _SOURCES = tuple(Path(__file__).with_name("native") / name
-                 for name in ("cpu_ops.cpp", "int4_unpack.cpp", "int4_matmul.cpp"))  # fmt: skip
+                 for name in ("cpu_ops.h", "cpu_ops.cpp", "int4_unpack.cpp", "int4_matmul.cpp", "decode_layers.cpp"))
 
 
 def enabled() -> bool:
@@ -116,7 +116,8 @@ def _build() -> ModuleType | None:
             log.info("compiling the native CPU kernels (decode attention, RMSNorm, rotary, silu*mul, int4 unpack) "
                      "for this machine, once (~1 min), into %s", build_dir)
         module = cpp_extension.load(
-            name=f"sluice_cpu_ops_{key}", sources=[str(s) for s in _SOURCES], build_directory=str(build_dir),
+            name=f"sluice_cpu_ops_{key}", sources=[str(s) for s in _SOURCES if s.suffix == ".cpp"],
+            build_directory=str(build_dir),
             extra_cflags=["-O3", "-march=native", "-fopenmp", "-fno-math-errno"], extra_ldflags=["-fopenmp"], verbose=False,
         )  # fmt: skip
     except Exception as exc:  # no compiler, no ninja, a compile error: the torch path still works
@@ -190,4 +191,13 @@ def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scale_zero: torch.Tensor)
     (``Int4Weight``): ``(M, Np)`` bfloat16, Np the padded rows. Each row's result is independent of the
     others in the call; call only where :func:`int4_matmul_usable`."""
     out: torch.Tensor = _ops().int4_matmul(x, packed, scale_zero)
+    return out
+
+
+def decode_layers(h: torch.Tensor, layers: list[list[torch.Tensor]], sizes: list[list[int]], cos: torch.Tensor,
+                  sin: torch.Tensor, slots: torch.Tensor, blocks: torch.Tensor, lens: torch.Tensor, eps: float,
+                  scale: float) -> torch.Tensor:  # fmt: skip
+    """Every Llama-shaped int4 decoder layer of a decode-only step (``layers/native_layers.py`` builds the
+    arguments); call only where :func:`int4_matmul_usable`."""
+    out: torch.Tensor = _ops().decode_layers(h, layers, sizes, cos, sin, slots, blocks, lens, eps, scale)
     return out

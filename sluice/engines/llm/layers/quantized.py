@@ -61,6 +61,11 @@ def dense_rows(split: RowSplit | None) -> Iterator[None]:
         _ROWS.reset(token)
 
 
+def routing_rows() -> bool:
+    """Whether some rows of the step being computed take the dense path (inside :func:`dense_rows`)."""
+    return _ROWS.get() is not None
+
+
 class QuantizedLinear(nn.Module):
     def __init__(self, weight: PackedWeight, bias: torch.Tensor | None, routes_rows: bool = True) -> None:
         super().__init__()

@@ -12,7 +12,8 @@
 // lens (n,) int64. Returns (n, H, D) in the query's dtype. Work is split over (sequence, KV head) pairs; the group's
 // query heads share each K / V row read.
 
-#include <torch/extension.h>
+#include "cpu_ops.h"
+
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
 
@@ -170,6 +171,8 @@ void attend(const torch::Tensor& query, const torch::Tensor& k_cache, const torc
   });
 }
 
+}  // namespace
+
 torch::Tensor decode_attention(torch::Tensor query, torch::Tensor key, torch::Tensor value,
                                torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor slots,
                                torch::Tensor blocks, torch::Tensor lens, double scale, int64_t window,
@@ -266,7 +269,7 @@ torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps) {
 // torch's x * cos + rotated * sin is, product by product then the sum (no fused multiply-add; in bfloat16
 // each to bfloat16): bit for bit the torch path's result in both dtypes.
 template <typename T>
-__attribute__((optimize("fp-contract=off"))) void rotate_rows(const T* x, int64_t token_stride, const T* cos,
+__attribute__((optimize("fp-contract=off"))) static void rotate_rows(const T* x, int64_t token_stride, const T* cos,
                                                               const T* sin, T* out, int64_t n, int64_t heads,
                                                               int64_t d, int64_t rd) {
   const int64_t half = rd / 2;
@@ -337,11 +340,6 @@ torch::Tensor silu_mul(torch::Tensor gate_up) {
   return out;
 }
 
-}  // namespace
-
-void int4_unpack(const torch::Tensor& packed, const torch::Tensor& scale_zero, int64_t row0, torch::Tensor& out);
-bool int4_matmul_available();
-torch::Tensor int4_matmul(const torch::Tensor& x, const torch::Tensor& packed, const torch::Tensor& scale_zero);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("decode_attention", &decode_attention, "store this step's K/V and attend each decode row (CPU)");
@@ -351,4 +349,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("int4_unpack", &int4_unpack, "rows of a packed int4 CPU weight as bfloat16 (int4_unpack.cpp)");
   m.def("int4_matmul_available", &int4_matmul_available, "whether int4_matmul has its vector path here");
   m.def("int4_matmul", &int4_matmul, "x @ W.T for a packed int4 CPU weight, bfloat16 (int4_matmul.cpp)");
+  m.def("decode_layers", &decode_layers, "every int4 Llama layer of a decode-only step (decode_layers.cpp)");
 }

@@ -1,0 +1,84 @@
+"""The native layer stack of decode-only steps (``layers/native_layers.py``, ``native/decode_layers.cpp``).
+
+Its promise is to be the module path, only sooner: the same greedy tokens and the same log-probabilities bit
+for bit, with the stack on and off (``SLUICE_NATIVE_LAYERS=0``), on the real SmolLM2 and on tiny models of
+the Llama-shaped families it takes (a sliding window, llama3 rope, partial rotary); and to step aside for
+every model and step it does not compute exactly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+from sluice.engines.llm import LLM, SamplingParams
+from sluice.engines.llm.kernels import native_cpu
+from sluice.engines.llm.layers import native_layers
+
+pytestmark = pytest.mark.skipif(
+    not native_cpu.int4_matmul_usable(), reason="the native int4 kernel needs a CPU with AVX512-BF16 and VBMI"
+)
+KV = 32 << 20
+
+
+def _run(llm: LLM, prompts: list[list[int]], monkeypatch: pytest.MonkeyPatch, native: bool,
+         tokens: int = 20) -> tuple[list[tuple[list[int], list[float] | None]], int]:  # fmt: skip
+    """Greedy outputs with log-probs, and how many steps the native stack computed."""
+    calls: list[int] = []
+    real = native_cpu.decode_layers
+    monkeypatch.setattr(native_cpu, "decode_layers", lambda *a: calls.append(1) or real(*a))
+    monkeypatch.setenv(native_layers.ENV, "1" if native else "0")
+    llm.kv.reset_prefix_cache()
+    outs = llm.generate(prompts, SamplingParams(max_tokens=tokens, logprobs=True, ignore_eos=True))
+    return [(o.token_ids, o.logprobs) for o in outs], len(calls)
+
+
+def test_smollm2_decodes_bit_for_bit_as_the_modules_do(smollm2_gguf: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    llm = LLM(smollm2_gguf, kv_cache_memory_bytes=KV)
+    assert llm.runner.model.native_layers is not None
+    prompts = [llm.tokenizer.encode(t) for t in ("The sea is", "Label this review: great battery, bad screen.",
+                                                 "1, 2, 3,")]  # fmt: skip
+    native, steps = _run(llm, prompts, monkeypatch, native=True)
+    modules, none = _run(llm, prompts, monkeypatch, native=False)
+    assert steps >= 19 and none == 0  # every decode-only step, none with the switch off
+    assert native == modules
+
+
+@pytest.mark.parametrize("family", ["llama", "mistral", "phi3"])  # llama3 rope; sliding window; partial rotary
+def test_tiny_families_decode_bit_for_bit_as_the_modules_do(family: str, tiny_family_dir: Callable[..., Path],
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    llm = LLM(tiny_family_dir(family), weights="int4", kv_cache_memory_bytes=KV)
+    assert llm.runner.model.native_layers is not None
+    prompts = [[5, 9, 11, 40], list(range(4, 30)), [7] * 3]  # past mistral's window of 12 while decoding
+    native, steps = _run(llm, prompts, monkeypatch, native=True, tokens=28)
+    modules, _ = _run(llm, prompts, monkeypatch, native=False, tokens=28)
+    assert steps > 0
+    assert native == modules
+
+
+@pytest.mark.parametrize(("family", "weights"), [("qwen2", "int4"), ("qwen3", "int4"), ("gemma2", "int4"),
+                                                 ("llama", "int8"), ("llama", "fp32")])  # fmt: skip
+def test_other_models_keep_the_modules(family: str, weights: str, tiny_family_dir: Callable[..., Path]) -> None:
+    """q/k/v biases (Qwen2), q/k norms (Qwen3), Gemma's layers and norms, weights that are not int4."""
+    llm = LLM(tiny_family_dir(family), weights=weights, kv_cache_memory_bytes=KV)
+    assert llm.runner.model.native_layers is None
+
+
+def test_prompt_and_verify_steps_keep_the_modules(smollm2_gguf: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Steps holding prompt rows (dense path) or speculative verifies are the modules' to compute; with
+    speculation on, the outputs are still those of the module path."""
+    llm = LLM(smollm2_gguf, kv_cache_memory_bytes=KV, num_speculative_tokens=3)
+    prompt = llm.tokenizer.encode("Repeat: a b c d a b c d a b c d a b c d")
+    native, _ = _run(llm, [prompt], monkeypatch, native=True, tokens=24)
+    modules, _ = _run(llm, [prompt], monkeypatch, native=False, tokens=24)
+    assert native == modules
+    seen: list[torch.Tensor] = []
+    real = native_cpu.decode_layers
+    monkeypatch.setattr(native_cpu, "decode_layers", lambda h, *a: seen.append(h) or real(h, *a))
+    monkeypatch.setenv(native_layers.ENV, "1")
+    llm.kv.reset_prefix_cache()
+    llm.generate([prompt], SamplingParams(max_tokens=1))  # the prompt's step only: nothing decodes
+    assert not seen
