@@ -71,8 +71,8 @@ def run_workload(model: str, workload: Workload, args: argparse.Namespace, with_
     kv_tokens = max(slots) * ctx_per_slot
     # (weights, engine name, environment of the spawned child: it reads these at model load / per matmul)
     runs = [(w, "sluice" if w == "auto" else f"sluice-{w}", {}) for w in args.weights]
-    if args.int4_prompt_baseline:  # the same engine with prompt rows on the int4 kernel too
-        runs.append(("auto", "sluice-int4-prompts", {"SLUICE_INT4_DENSE_PROMPTS": "0"}))
+    if args.dense_prompt_baseline:  # the same engine with prompt rows through the dense bf16 GEMM
+        runs.append(("auto", "sluice-dense-prompts", {"SLUICE_INT4_DENSE_PROMPTS": "1"}))
     if args.native_layers_baseline:  # the same engine with decode steps through the Python modules
         runs.append(("auto", "sluice-modules", {"SLUICE_NATIVE_LAYERS": "0"}))
     if args.int4_kernel_baseline:  # torch's int4 kernel (and so the modules): the engine before both
@@ -160,8 +160,9 @@ def main(argv: list[str] | None = None) -> None:
                     "concurrency are skipped)")  # fmt: skip
     ap.add_argument("--weights", default="auto", help="Sluice weight modes to run, comma-separated")
     ap.add_argument("--max-num-batched-tokens", type=int, default=512)
-    ap.add_argument("--int4-prompt-baseline", action="store_true",
-                    help="also run Sluice with SLUICE_INT4_DENSE_PROMPTS=0 (prompt rows on the int4 kernel)")
+    ap.add_argument("--dense-prompt-baseline", action="store_true",
+                    help="also run Sluice with SLUICE_INT4_DENSE_PROMPTS=1 (prompt rows through the dense bf16 "
+                    "GEMM, the default only where Sluice's int4 kernel is not built)")
     ap.add_argument("--native-layers-baseline", action="store_true",
                     help="also run Sluice with SLUICE_NATIVE_LAYERS=0 (decode steps through the Python modules)")
     ap.add_argument("--int4-kernel-baseline", action="store_true",

@@ -26,6 +26,7 @@ import torch
 
 from sluice.engines.llm.attention import AttentionMetadata, plan_cpu_attention
 from sluice.engines.llm.config import EngineConfig, ModelConfig
+from sluice.engines.llm.kernels import native_cpu
 from sluice.engines.llm.layers.native_layers import NativeDecodeLayers
 from sluice.engines.llm.layers.quantized import (
     PACKED_MODULES,
@@ -101,9 +102,13 @@ class ModelRunner:
         if self.has_packed_weights:
             log.info("llm weights %s: %s; KV pool %s", engine_config.weights, describe_forms(self.model),
                      str(self.kv_dtype).removeprefix("torch."))  # fmt: skip
-        # int4 projections take prompt rows through a dense bf16 GEMM (layers/quantized.py: dense_rows);
-        # SLUICE_INT4_DENSE_PROMPTS=0 keeps every row on the int4 kernel (benchmarks compare the two).
-        self.routes_prompt_rows = os.environ.get(DENSE_PROMPTS_ENV, "1") != "0" and any(
+        # int4 projections take prompt rows through a dense bf16 GEMM (layers/quantized.py: dense_rows) where
+        # Sluice's own int4 kernel is not built: torch's costs 2-2.7x the GEMM at a prompt's rows, Sluice's is
+        # as fast as the GEMM from ~500 rows and far faster below (bench/int4_matmul.py), so with it every row
+        # takes the kernel. SLUICE_INT4_DENSE_PROMPTS=1 forces the dense path, =0 keeps every row on the kernel.
+        mode = os.environ.get(DENSE_PROMPTS_ENV, "auto")
+        dense = mode == "1" or (mode != "0" and not native_cpu.int4_matmul_usable())
+        self.routes_prompt_rows = dense and any(
             isinstance(m, QuantizedLinear) and m.routes_rows for m in self.model.modules())
         self.sampler = Sampler(engine_config.seed)
         # CPU: attention planned once per step (attention.py); otherwise the kernels' ops, fed padded

@@ -128,8 +128,10 @@ PROMPTS = [
 ]
 
 
-def test_prompt_outputs_do_not_depend_on_chunking_or_the_prefix_cache(smollm2_gguf: Path) -> None:
-    """Chunked prefill in pieces of 16 tokens (every chunk a few dense rows beside other requests' decode rows),
+@pytest.mark.parametrize("mode", ["1", "auto"])  # prompt rows dense; the default (the kernel, where it is built)
+def test_prompt_outputs_do_not_depend_on_chunking_or_the_prefix_cache(mode: str, smollm2_gguf: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """Chunked prefill in pieces of 16 tokens (every chunk a few prompt rows beside other requests' decode rows),
     one whole-prompt step each, and a second pass served from the prefix cache: the same next token with the
     log-probability within 0.1. The projections give every row the same numbers in all three (row-invariant
     paths); attention over a 16-token chunk sums in another order than over the whole prompt, and the bf16
@@ -137,8 +139,9 @@ def test_prompt_outputs_do_not_depend_on_chunking_or_the_prefix_cache(smollm2_gg
     on these prompts) -- so a later greedy token may flip where two candidates are nearly tied, which is why
     only the first token is compared."""
     params = SamplingParams(max_tokens=1, logprobs=True)
+    monkeypatch.setenv(DENSE_PROMPTS_ENV, mode)
     chunked = LLM(smollm2_gguf, kv_cache_memory_bytes=32 << 20, max_num_batched_tokens=16)
-    assert chunked.runner.routes_prompt_rows
+    assert chunked.runner.routes_prompt_rows == (mode == "1" or not native_cpu.int4_matmul_usable())
     first = chunked.generate(PROMPTS, params)
     cached = chunked.generate(PROMPTS, params)  # served from the prefix cache
     whole = LLM(smollm2_gguf, kv_cache_memory_bytes=32 << 20, max_num_batched_tokens=512, enable_prefix_caching=False)
@@ -153,7 +156,10 @@ def test_dense_prompts_agree_with_the_int4_kernel(smollm2_gguf: Path, monkeypatc
     """The dense path changes each weight by one bf16 rounding: the prompt's next token and its log-probability
     stay those of the all-int4 path."""
     params = SamplingParams(max_tokens=1, logprobs=True)
-    dense = LLM(smollm2_gguf, kv_cache_memory_bytes=32 << 20).generate(PROMPTS, params)
+    monkeypatch.setenv(DENSE_PROMPTS_ENV, "1")
+    dense_llm = LLM(smollm2_gguf, kv_cache_memory_bytes=32 << 20)
+    assert dense_llm.runner.routes_prompt_rows
+    dense = dense_llm.generate(PROMPTS, params)
     monkeypatch.setenv(DENSE_PROMPTS_ENV, "0")
     kernel_llm = LLM(smollm2_gguf, kv_cache_memory_bytes=32 << 20)
     assert not kernel_llm.runner.routes_prompt_rows
