@@ -11,8 +11,12 @@ thirty layers a step. These kernels do each of those in one call:
 * ``rms_norm`` (float32 rows), ``rotary`` (bit for bit the torch path's, float32 and bfloat16) and
   ``silu_mul`` (the gated MLP's bfloat16 ``silu(gate) * up``, rounded as torch rounds it).
 
-Beside them, ``int4_unpack`` (``native/int4_unpack.cpp``) dequantises an int4 weight's rows to bfloat16 for
-the dense GEMM of prompt rows (``quant/int4_dense.py``).
+Beside them, ``int4_matmul`` (``native/int4_matmul.cpp``, CPUs with AVX512-BF16 and VBMI) multiplies by an
+int4 weight in torch's packed layout without dequantising it, 1.3-2.4x faster than torch's kernel at any
+row count; ``decode_layers`` (``native/decode_layers.cpp``) runs every layer of a Llama-shaped int4 model for
+a decode-only step in one call (``layers/native_layers.py``); ``int4_unpack`` (``native/int4_unpack.cpp``)
+dequantises an int4 weight's rows to bfloat16 for the dense GEMM of prompt rows where ``int4_matmul`` is not
+built (``quant/int4_dense.py``).
 
 Measured on a 2-core AMD EPYC (Zen 4), SmolLM2-135M with ``weights: auto``: decode attention 15-25 us a
 layer against 40-75 for the torch path at one sequence, RMSNorm ~1 us against ~8.
@@ -113,8 +117,8 @@ def _build() -> ModuleType | None:
         build_dir.mkdir(parents=True, exist_ok=True)
         first = not any(build_dir.glob("*.so"))
         if first:
-            log.info("compiling the native CPU kernels (decode attention, RMSNorm, rotary, silu*mul, int4 unpack) "
-                     "for this machine, once (~1 min), into %s", build_dir)
+            log.info("compiling the native CPU kernels (decode attention, RMSNorm, rotary, silu*mul, int4 matmul, "
+                     "int4 unpack, decode layers) for this machine, once (~1 min), into %s", build_dir)
         module = cpp_extension.load(
             name=f"sluice_cpu_ops_{key}", sources=[str(s) for s in _SOURCES if s.suffix == ".cpp"],
             build_directory=str(build_dir),
