@@ -5,16 +5,17 @@ swaps them in). A linear layer's output is bf16 (plus a bias in the model's dtyp
 matmul takes it as it is, and adding it to the float32 residual stream promotes it there. Embedding rows
 come in the model's dtype.
 
-Prompt rows (:func:`dense_rows`): while the runner computes a step, it names the rows that are prompt
-positions; an int4 projection multiplies those through its weight dequantised to bf16 (``int4_dense``: 2-2.7x
-faster at a prompt's hundreds of rows) and the others -- decode rows, speculative drafts, generated tokens
-recomputed after a preemption -- through the int4 kernel (``Int4Weight.matmul``: Sluice's own on CPUs with
-AVX512-BF16, else torch's). The split is by what a row is, never by how many rows share the step, and both
-paths are row-invariant, so a projection gives a token the same numbers whatever it is batched with: greedy
-output is the same with and without speculation, and a prompt's projections are the same however it is
-chunked or cached (its attention over a chunk sums in another order than over the whole prompt, which bf16
-roundings carry on: next-token log-probabilities within ~0.05 between chunkings). The LM head (``routes_rows=False``) always takes the int4 kernel: it sees
-the sampled rows only.
+Prompt rows (:func:`dense_rows`): where only torch's int4 kernel runs (Sluice's own, ``Int4Weight.matmul``,
+needs a CPU with AVX512-BF16, and is about as fast as the GEMM below at 512 rows, far faster at fewer), the
+runner names the rows of a step that are prompt positions; an int4 projection multiplies those through its
+weight dequantised to bf16 (``int4_dense``: 2-2.7x faster than torch's kernel at a prompt's hundreds of rows)
+and the others -- decode rows, speculative drafts, generated tokens recomputed after a preemption -- through
+the int4 kernel. The split is by what a row is, never by how many rows share the step, and both paths are
+row-invariant, so a projection gives a token the same numbers whatever it is batched with: greedy output is the
+same with and without speculation, and a prompt's projections are the same however it is chunked or cached (its
+attention over a chunk sums in another order than over the whole prompt, which bf16 roundings carry on:
+next-token log-probabilities within ~0.05 between chunkings). The LM head (``routes_rows=False``) always takes
+the int4 kernel: it sees the sampled rows only.
 """
 
 from __future__ import annotations
