@@ -135,7 +135,8 @@ class ModelRunner:
         )  # fmt: skip
         self.kv_caches: list[KVCache] = [(self.kv_pool[i, 0], self.kv_pool[i, 1]) for i in range(cfg.num_layers)]
         if self.device.type == "cpu" and self.has_packed_weights:
-            self.model.native_layers = NativeDecodeLayers.of(self.model, self.kv_caches)
+            self.model.native_layers = NativeDecodeLayers.of(list(self.model.layers), self.model.layer_rope,
+                                                             self.kv_caches)  # fmt: skip
 
     def _kv_budget_bytes(self, ecfg: EngineConfig, mcfg: ModelConfig) -> int:
         if ecfg.kv_cache_memory_bytes is not None:

@@ -11,7 +11,7 @@ thirty layers a step. These kernels do each of those in one call:
 * ``rms_norm`` (float32 rows), ``rotary`` (bit for bit the torch path's, float32 and bfloat16) and
   ``silu_mul`` (the gated MLP's bfloat16 ``silu(gate) * up``, rounded as torch rounds it).
 
-Beside them, ``int4_matmul`` (``native/int4_matmul.cpp``, CPUs with AVX512-BF16 and VBMI) multiplies by an
+Beside them, ``int4_matmul`` (``native/int4_matmul.cpp``, CPUs with AVX512-BF16) multiplies by an
 int4 weight in torch's packed layout without dequantising it, 1.3-2.4x faster than torch's kernel at any
 row count; ``decode_layers`` (``native/decode_layers.cpp``) runs every layer of a Llama-shaped int4 model for
 a decode-only step in one call (``layers/native_layers.py``); ``int4_unpack`` (``native/int4_unpack.cpp``)
@@ -180,7 +180,7 @@ def int4_unpack(packed: torch.Tensor, scale_zero: torch.Tensor, row0: int, out: 
 
 def int4_matmul_usable() -> bool:
     """Whether :func:`int4_matmul` runs here: the kernels usable and built with its vector path (a CPU with
-    AVX512-BF16 and VBMI), and ``SLUICE_INT4_MATMUL`` not ``0`` (benchmarks compare the two). Elsewhere
+    AVX512-BF16 and BW), and ``SLUICE_INT4_MATMUL`` not ``0`` (benchmarks compare the two). Elsewhere
     ``Int4Weight`` keeps torch's int4 kernel."""
     return os.environ.get(INT4_MATMUL_ENV, "1") != "0" and usable() and _int4_vector_path()
 
@@ -190,11 +190,13 @@ def _int4_vector_path() -> bool:
     return bool(_ops().int4_matmul_available())
 
 
-def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scale_zero: torch.Tensor) -> torch.Tensor:
+def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scale_zero: torch.Tensor, portable: bool = False
+                ) -> torch.Tensor:  # fmt: skip
     """``x @ W.T`` for ``x`` ``(M, K)`` contiguous bfloat16 and an int4 weight in torch's packed CPU layout
     (``Int4Weight``): ``(M, Np)`` bfloat16, Np the padded rows. Each row's result is independent of the
-    others in the call; call only where :func:`int4_matmul_usable`."""
-    out: torch.Tensor = _ops().int4_matmul(x, packed, scale_zero)
+    others in the call; call only where :func:`int4_matmul_usable`. ``portable``: the form for CPUs without
+    AVX512-VBMI even where this one has it (the same results; tests compare them)."""
+    out: torch.Tensor = _ops().int4_matmul(x, packed, scale_zero, portable)
     return out
 
 

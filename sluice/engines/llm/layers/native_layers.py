@@ -15,7 +15,7 @@ runs the modules. ``SLUICE_NATIVE_LAYERS=0`` turns it off (benchmarks compare th
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -27,10 +27,8 @@ from sluice.engines.llm.layers.mlp import GatedMLP
 from sluice.engines.llm.layers.norm import RMSNorm
 from sluice.engines.llm.layers.quantized import QuantizedLinear, routing_rows
 from sluice.engines.llm.layers.self_attention import KVCache, SelfAttention
+from sluice.engines.llm.models.llama import LlamaDecoderLayer
 from sluice.engines.llm.quant.packed import Int4Weight
-
-if TYPE_CHECKING:
-    from sluice.engines.llm.model import CausalLM
 
 ENV = "SLUICE_NATIVE_LAYERS"
 
@@ -58,20 +56,19 @@ class NativeDecodeLayers:
         self.eps, self.scale = eps, scale
 
     @classmethod
-    def of(cls, model: CausalLM, kv_caches: list[KVCache]) -> NativeDecodeLayers | None:
-        """The native stack for ``model`` over ``kv_caches``, or None where some layer is not
-        the case it computes exactly (another layer type or norm, biases, q/k norms, a soft-cap, another
-        activation, weights that are not int4, caches that are not bf16, several rotary tables) or the native
-        int4 kernel is not built here."""
-        from sluice.engines.llm.models.llama import LlamaDecoderLayer
-
-        if not native_cpu.int4_matmul_usable() or len(set(model.layer_rope)) != 1:
+    def of(cls, layers: Sequence[nn.Module], layer_rope: Sequence[int], kv_caches: list[KVCache]
+           ) -> NativeDecodeLayers | None:  # fmt: skip
+        """The native stack for a model's decoder ``layers`` (with the rotary table of each, ``layer_rope``)
+        over ``kv_caches``, or None where some layer is not the case it computes exactly (another layer type
+        or norm, biases, q/k norms, a soft-cap, another activation, weights that are not int4, caches that are
+        not bf16, several rotary tables) or the native int4 kernel is not built here."""
+        if not native_cpu.int4_matmul_usable() or len(set(layer_rope)) != 1:
             return None
         tensors: list[list[torch.Tensor]] = []
         sizes: list[list[int]] = []
         eps: float | None = None
         scale: float | None = None
-        for layer, (k_cache, v_cache) in zip(model.layers, kv_caches, strict=True):
+        for layer, (k_cache, v_cache) in zip(layers, kv_caches, strict=True):
             if type(layer) is not LlamaDecoderLayer:
                 return None
             attn, mlp = layer.self_attn, layer.mlp

@@ -19,7 +19,7 @@ from sluice.engines.llm.kernels import native_cpu
 from sluice.engines.llm.layers import native_layers
 
 pytestmark = pytest.mark.skipif(
-    not native_cpu.int4_matmul_usable(), reason="the native int4 kernel needs a CPU with AVX512-BF16 and VBMI"
+    not native_cpu.int4_matmul_usable(), reason="the native int4 kernel needs a CPU with AVX512-BF16"
 )
 KV = 32 << 20
 

@@ -348,6 +348,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("silu_mul", &silu_mul, "silu(gate) * up of bfloat16 [gate | up] rows (CPU)");
   m.def("int4_unpack", &int4_unpack, "rows of a packed int4 CPU weight as bfloat16 (int4_unpack.cpp)");
   m.def("int4_matmul_available", &int4_matmul_available, "whether int4_matmul has its vector path here");
-  m.def("int4_matmul", &int4_matmul, "x @ W.T for a packed int4 CPU weight, bfloat16 (int4_matmul.cpp)");
+  m.def("int4_matmul", &int4_matmul, "x @ W.T for a packed int4 CPU weight, bfloat16 (int4_matmul.cpp)",
+        py::arg("x"), py::arg("packed"), py::arg("scale_zero"), py::arg("portable") = false);
   m.def("decode_layers", &decode_layers, "every int4 Llama layer of a decode-only step (decode_layers.cpp)");
 }

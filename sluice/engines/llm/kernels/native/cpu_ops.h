@@ -20,7 +20,8 @@ void int4_unpack(const torch::Tensor& packed, const torch::Tensor& scale_zero, i
 
 // int4_matmul.cpp
 bool int4_matmul_available();
-torch::Tensor int4_matmul(const torch::Tensor& x, const torch::Tensor& packed, const torch::Tensor& scale_zero);
+torch::Tensor int4_matmul(const torch::Tensor& x, const torch::Tensor& packed, const torch::Tensor& scale_zero,
+                          bool portable = false);
 
 // decode_layers.cpp
 torch::Tensor decode_layers(torch::Tensor h, const std::vector<std::vector<torch::Tensor>>& layers,

@@ -31,11 +31,16 @@
 #include <cstring>
 #include <vector>
 
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VBMI__) && defined(__AVX512BF16__)
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512BF16__)
 #include <immintrin.h>
 #define SLUICE_INT4_AVX512 1
 #else
 #define SLUICE_INT4_AVX512 0
+#endif
+#if SLUICE_INT4_AVX512 && defined(__AVX512VBMI__)
+#define SLUICE_INT4_VBMI 1
+#else
+#define SLUICE_INT4_VBMI 0
 #endif
 
 namespace {
@@ -78,26 +83,51 @@ void tail_rows(const uint16_t* x, const float* xsum, int64_t m_rows, int64_t k_s
 
 #if SLUICE_INT4_AVX512
 
+// The tile's bytes of k and k + 1 (64 adjacent bytes at b) paired for the bf16 dot product: output c (0, 1)
+// holds in 32-bit lane i byte 16c + i of k in its low half and byte 16c + i of k + 1 in its high half, both
+// zero-extended: rows r0 + 16c + i (low nibbles) and r0 + 32 + 16c + i (high nibbles) at k and k + 1.
+// With VBMI one byte permute per output; without (Intel Cooper Lake), two widening loads, a shift and an or:
+// the same vectors, so both give the same results.
+struct BytePairs {
+#if SLUICE_INT4_VBMI
+  __m512i gather[2];
+  BytePairs() {
+    alignas(64) uint8_t idx[2][64];
+    for (int c = 0; c < 2; ++c)
+      for (int i = 0; i < 16; ++i) {
+        idx[c][4 * i] = static_cast<uint8_t>(16 * c + i);
+        idx[c][4 * i + 1] = 0;
+        idx[c][4 * i + 2] = static_cast<uint8_t>(32 + 16 * c + i);
+        idx[c][4 * i + 3] = 0;
+      }
+    gather[0] = _mm512_load_si512(idx[0]);
+    gather[1] = _mm512_load_si512(idx[1]);
+  }
+#endif
+  template <bool kVbmi>
+  inline void operator()(const uint8_t* b, __m512i& v0, __m512i& v1) const {
+#if SLUICE_INT4_VBMI
+    if constexpr (kVbmi) {
+      constexpr __mmask64 kEven = 0x5555555555555555ull;  // bytes 0 and 2 of each 32-bit lane
+      const __m512i raw = _mm512_loadu_si512(b);
+      v0 = _mm512_maskz_permutexvar_epi8(kEven, gather[0], raw);
+      v1 = _mm512_maskz_permutexvar_epi8(kEven, gather[1], raw);
+      return;
+    }
+#endif
+    const auto widen = [b](int off) { return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + off))); };
+    v0 = _mm512_or_si512(widen(0), _mm512_slli_epi32(widen(32), 16));
+    v1 = _mm512_or_si512(widen(16), _mm512_slli_epi32(widen(48), 16));
+  }
+};
+
 // One whole tile (rows r0 .. r0 + 63) for MT activation rows starting at m0.
-template <int MT>
+template <int MT, bool kVbmi>
 void tile_rows(const uint16_t* x, const float* xsum, int64_t m0, int64_t k_size, const uint8_t* packed,
                const uint16_t* sz, int64_t np, int64_t r0, uint16_t* out) {
   const int64_t groups = k_size / kGroup;
   const uint8_t* src = packed + r0 * (k_size / 2);
-  // 64 bytes = the tile's bytes of k and k + 1. Output c (0, 1) gathers bytes 16c + i (k) and 32 + 16c + i
-  // (k + 1) into the two 16-bit halves of 32-bit lane i, zero-extended: lane i = rows r0 + 16c + i (low
-  // nibbles) and r0 + 32 + 16c + i (high nibbles) at k and k + 1, the pairing of the bf16 dot product.
-  alignas(64) uint8_t idx_bytes[2][64];
-  for (int c = 0; c < 2; ++c)
-    for (int i = 0; i < 16; ++i) {
-      idx_bytes[c][4 * i] = static_cast<uint8_t>(16 * c + i);
-      idx_bytes[c][4 * i + 1] = 0;
-      idx_bytes[c][4 * i + 2] = static_cast<uint8_t>(32 + 16 * c + i);
-      idx_bytes[c][4 * i + 3] = 0;
-    }
-  const __m512i gather0 = _mm512_load_si512(idx_bytes[0]);
-  const __m512i gather1 = _mm512_load_si512(idx_bytes[1]);
-  constexpr __mmask64 kEven = 0x5555555555555555ull;  // bytes 0 and 2 of each 32-bit lane
+  const BytePairs pairs;
   // bf16 of (i & 15) - 8 for a 16-bit lane holding i: vpermw reads the low 5 bits of each index
   alignas(64) uint16_t table[32];
   for (int i = 0; i < 32; ++i) table[i] = to_bf16_bits(static_cast<float>((i & 15) - 8));
@@ -112,9 +142,8 @@ void tile_rows(const uint16_t* x, const float* xsum, int64_t m0, int64_t k_size,
       for (int b = 0; b < 4; ++b) p[m][b] = _mm512_setzero_ps();
     const uint8_t* bytes = src + g * kGroup * 32;
     for (int64_t pair = 0; pair < kGroup / 2; ++pair) {
-      const __m512i raw = _mm512_loadu_si512(bytes + pair * 64);
-      const __m512i v0 = _mm512_maskz_permutexvar_epi8(kEven, gather0, raw);
-      const __m512i v1 = _mm512_maskz_permutexvar_epi8(kEven, gather1, raw);
+      __m512i v0, v1;
+      pairs.template operator()<kVbmi>(bytes + pair * 64, v0, v1);
       const __m512bh w[4] = {
           (__m512bh)_mm512_permutexvar_epi16(v0, lut), (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(v0, 4), lut),
           (__m512bh)_mm512_permutexvar_epi16(v1, lut), (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(v1, 4), lut)};
@@ -147,14 +176,16 @@ void tile_rows(const uint16_t* x, const float* xsum, int64_t m0, int64_t k_size,
     }
 }
 
+template <bool kVbmi>
 void whole_tile(const uint16_t* x, const float* xsum, int64_t m_rows, int64_t k_size, const uint8_t* packed,
                 const uint16_t* sz, int64_t np, int64_t r0, uint16_t* out) {
   int64_t m = 0;
-  for (; m + kRowsAtOnce <= m_rows; m += kRowsAtOnce) tile_rows<kRowsAtOnce>(x, xsum, m, k_size, packed, sz, np, r0, out);
+  for (; m + kRowsAtOnce <= m_rows; m += kRowsAtOnce)
+    tile_rows<kRowsAtOnce, kVbmi>(x, xsum, m, k_size, packed, sz, np, r0, out);
   switch (m_rows - m) {
-    case 3: tile_rows<3>(x, xsum, m, k_size, packed, sz, np, r0, out); break;
-    case 2: tile_rows<2>(x, xsum, m, k_size, packed, sz, np, r0, out); break;
-    case 1: tile_rows<1>(x, xsum, m, k_size, packed, sz, np, r0, out); break;
+    case 3: tile_rows<3, kVbmi>(x, xsum, m, k_size, packed, sz, np, r0, out); break;
+    case 2: tile_rows<2, kVbmi>(x, xsum, m, k_size, packed, sz, np, r0, out); break;
+    case 1: tile_rows<1, kVbmi>(x, xsum, m, k_size, packed, sz, np, r0, out); break;
     default: break;
   }
 }
@@ -163,11 +194,13 @@ void whole_tile(const uint16_t* x, const float* xsum, int64_t m_rows, int64_t k_
 
 }  // namespace
 
-// Whether this build has the vector path (AVX512-BF16 + VBMI): the engine uses int4_matmul only then.
+// Whether this build has the vector path (AVX512-BF16 and BW): the engine uses int4_matmul only then.
 bool int4_matmul_available() { return SLUICE_INT4_AVX512 != 0; }
 
-// x (M, K) bfloat16 @ W.T -> (M, Np) bfloat16, W in torch's packed int4 CPU layout (see the top).
-torch::Tensor int4_matmul(const torch::Tensor& x, const torch::Tensor& packed, const torch::Tensor& scale_zero) {
+// x (M, K) bfloat16 @ W.T -> (M, Np) bfloat16, W in torch's packed int4 CPU layout (see the top). portable:
+// pair the bytes without VBMI even where the build has it (tests compare the two forms).
+torch::Tensor int4_matmul(const torch::Tensor& x, const torch::Tensor& packed, const torch::Tensor& scale_zero,
+                          bool portable) {
   TORCH_CHECK(SLUICE_INT4_AVX512, "int4_matmul: this build has no AVX512-BF16 path (check int4_matmul_available)");
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.is_contiguous(),
               "int4_matmul: x must be (M, K) contiguous bfloat16");
@@ -198,7 +231,10 @@ torch::Tensor int4_matmul(const torch::Tensor& x, const torch::Tensor& packed, c
     for (int64_t t = begin; t < end; ++t) {
 #if SLUICE_INT4_AVX512
       if (t < full) {
-        whole_tile(xp, xsum.data(), m_rows, k_size, pp, sp, np, t * kTile, op);
+        if (SLUICE_INT4_VBMI && !portable)
+          whole_tile<true>(xp, xsum.data(), m_rows, k_size, pp, sp, np, t * kTile, op);
+        else
+          whole_tile<false>(xp, xsum.data(), m_rows, k_size, pp, sp, np, t * kTile, op);
         continue;
       }
 #endif
