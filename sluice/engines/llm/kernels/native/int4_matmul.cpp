@@ -88,10 +88,17 @@ void tail_rows(const uint16_t* x, const float* xsum, int64_t m_rows, int64_t k_s
 // zero-extended: rows r0 + 16c + i (low nibbles) and r0 + 32 + 16c + i (high nibbles) at k and k + 1.
 // With VBMI one byte permute per output; without (Intel Cooper Lake), two widening loads, a shift and an or:
 // the same vectors, so both give the same results.
+// Built once per call and shared by every tile (not per tile: a 1B step visits some 8000 tiles).
 struct BytePairs {
+  __m512i lut;  // bf16 of (i & 15) - 8 for a 16-bit lane holding i: vpermw reads the low 5 bits of each index
 #if SLUICE_INT4_VBMI
   __m512i gather[2];
+#endif
   BytePairs() {
+    alignas(64) uint16_t table[32];
+    for (int i = 0; i < 32; ++i) table[i] = to_bf16_bits(static_cast<float>((i & 15) - 8));
+    lut = _mm512_load_si512(table);
+#if SLUICE_INT4_VBMI
     alignas(64) uint8_t idx[2][64];
     for (int c = 0; c < 2; ++c)
       for (int i = 0; i < 16; ++i) {
@@ -102,8 +109,8 @@ struct BytePairs {
       }
     gather[0] = _mm512_load_si512(idx[0]);
     gather[1] = _mm512_load_si512(idx[1]);
-  }
 #endif
+  }
   template <bool kVbmi>
   inline void operator()(const uint8_t* b, __m512i& v0, __m512i& v1) const {
 #if SLUICE_INT4_VBMI
@@ -123,15 +130,11 @@ struct BytePairs {
 
 // One whole tile (rows r0 .. r0 + 63) for MT activation rows starting at m0.
 template <int MT, bool kVbmi>
-void tile_rows(const uint16_t* x, const float* xsum, int64_t m0, int64_t k_size, const uint8_t* packed,
+void tile_rows(const BytePairs& pairs, const uint16_t* x, const float* xsum, int64_t m0, int64_t k_size, const uint8_t* packed,
                const uint16_t* sz, int64_t np, int64_t r0, uint16_t* out) {
   const int64_t groups = k_size / kGroup;
   const uint8_t* src = packed + r0 * (k_size / 2);
-  const BytePairs pairs;
-  // bf16 of (i & 15) - 8 for a 16-bit lane holding i: vpermw reads the low 5 bits of each index
-  alignas(64) uint16_t table[32];
-  for (int i = 0; i < 32; ++i) table[i] = to_bf16_bits(static_cast<float>((i & 15) - 8));
-  const __m512i lut = _mm512_load_si512(table);
+  const __m512i lut = pairs.lut;
   const __m512i high_half = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
 
   alignas(64) float acc[MT][kTile];
@@ -177,15 +180,15 @@ void tile_rows(const uint16_t* x, const float* xsum, int64_t m0, int64_t k_size,
 }
 
 template <bool kVbmi>
-void whole_tile(const uint16_t* x, const float* xsum, int64_t m_rows, int64_t k_size, const uint8_t* packed,
+void whole_tile(const BytePairs& pairs, const uint16_t* x, const float* xsum, int64_t m_rows, int64_t k_size, const uint8_t* packed,
                 const uint16_t* sz, int64_t np, int64_t r0, uint16_t* out) {
   int64_t m = 0;
   for (; m + kRowsAtOnce <= m_rows; m += kRowsAtOnce)
-    tile_rows<kRowsAtOnce, kVbmi>(x, xsum, m, k_size, packed, sz, np, r0, out);
+    tile_rows<kRowsAtOnce, kVbmi>(pairs, x, xsum, m, k_size, packed, sz, np, r0, out);
   switch (m_rows - m) {
-    case 3: tile_rows<3, kVbmi>(x, xsum, m, k_size, packed, sz, np, r0, out); break;
-    case 2: tile_rows<2, kVbmi>(x, xsum, m, k_size, packed, sz, np, r0, out); break;
-    case 1: tile_rows<1, kVbmi>(x, xsum, m, k_size, packed, sz, np, r0, out); break;
+    case 3: tile_rows<3, kVbmi>(pairs, x, xsum, m, k_size, packed, sz, np, r0, out); break;
+    case 2: tile_rows<2, kVbmi>(pairs, x, xsum, m, k_size, packed, sz, np, r0, out); break;
+    case 1: tile_rows<1, kVbmi>(pairs, x, xsum, m, k_size, packed, sz, np, r0, out); break;
     default: break;
   }
 }
@@ -227,14 +230,17 @@ torch::Tensor int4_matmul(const torch::Tensor& x, const torch::Tensor& packed, c
   const uint16_t* sp = reinterpret_cast<const uint16_t*>(scale_zero.data_ptr<c10::BFloat16>());
   uint16_t* op = reinterpret_cast<uint16_t*>(out.data_ptr<c10::BFloat16>());
   const int64_t full = np / kTile, tasks = full + (np % kTile ? 1 : 0);
+#if SLUICE_INT4_AVX512
+  const BytePairs pairs;
+#endif
   at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
 #if SLUICE_INT4_AVX512
       if (t < full) {
         if (SLUICE_INT4_VBMI && !portable)
-          whole_tile<true>(xp, xsum.data(), m_rows, k_size, pp, sp, np, t * kTile, op);
+          whole_tile<true>(pairs, xp, xsum.data(), m_rows, k_size, pp, sp, np, t * kTile, op);
         else
-          whole_tile<false>(xp, xsum.data(), m_rows, k_size, pp, sp, np, t * kTile, op);
+          whole_tile<false>(pairs, xp, xsum.data(), m_rows, k_size, pp, sp, np, t * kTile, op);
         continue;
       }
 #endif
