@@ -77,6 +77,8 @@ def run_workload(model: str, workload: Workload, args: argparse.Namespace, with_
         runs.append(("auto", "sluice-modules", {"SLUICE_NATIVE_LAYERS": "0"}))
     if args.int4_kernel_baseline:  # torch's int4 kernel (and so the modules): the engine before both
         runs.append(("auto", "sluice-torch-int4", {"SLUICE_INT4_MATMUL": "0"}))
+    if args.zero_points_baseline:  # Sluice's kernel reading zero points of 0 (Q4_0) and an asymmetric head
+        runs.append(("auto", "sluice-zero-points", {"SLUICE_INT4_SCALES_ONLY": "0"}))
     for weights, engine, env in runs:
         saved = {k: os.environ.get(k) for k in env}
         os.environ.update(env)
@@ -168,6 +170,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--int4-kernel-baseline", action="store_true",
                     help="also run Sluice with SLUICE_INT4_MATMUL=0 (torch's int4 kernel, not Sluice's own; "
                     "the native layer stack needs the latter, so it is off too)")
+    ap.add_argument("--zero-points-baseline", action="store_true",
+                    help="also run Sluice with SLUICE_INT4_SCALES_ONLY=0 (int4 weights keep zero points of 0, "
+                    "the LM head is quantised asymmetric: the bytes read before scales-only weights)")
     ap.add_argument("--scale-1b", type=float, default=0.25, help="workload size for the 1B model (1 = SmolLM2's)")
     ap.add_argument("--no-hf", action="store_true")
     ap.add_argument("--hf-1b", action="store_true", help="also HF generate on the 1B model (fp32: 5 GB)")

@@ -120,8 +120,9 @@ class CausalLM(nn.Module):
                     continue
                 form = choose_form(role, source, weights)
                 if form != "float":
-                    packed[module_name] = materialize(source, form)
-                    if role == "lm_head" and rescores_head(source, weights):
+                    rescored = role == "lm_head" and rescores_head(source, weights)
+                    packed[module_name] = materialize(source, form, ranks=rescored)
+                    if rescored:
                         exact_head = materialize(source, "gguf")  # type: ignore[assignment]
                     continue
             tensor = source.to_float() if isinstance(source, GGUFRows) else source
@@ -214,7 +215,7 @@ def _tied(source: Source, weights: str) -> dict[str, Materialized]:
     table = choose_form("embedding", source, weights)
     if head == table == "float":
         return {"embed_tokens": materialize(source, "float")}
-    lm_head = materialize(source, head)
+    lm_head = materialize(source, head, ranks=rescores_head(source, weights))
     if head == table and gatherable(lm_head):
         return {"lm_head": lm_head, "embed_tokens": lm_head}
     return {"lm_head": lm_head, "embed_tokens": materialize(source, table)}

@@ -20,13 +20,17 @@ Layouts:
   rows are packed in chunks of a multiple of 64), ``scale_zero`` ``(K / 32, N, 2)`` bf16. From a GGUF Q4
   tensor it is the same ``q`` with ``scale = d`` and ``zero = offset + 8 * d`` (:func:`~.gguf_blocks.affine_int4`),
   so only the scales and zero points are rounded (to bf16); from floats, each group's min and max map to
-  ``q = 0`` and ``q = 15`` (asymmetric).
+  ``q = 0`` and ``q = 15`` (asymmetric), or, for a head that only ranks (``symmetric``), ``q - 8`` spans
+  ``-8..7`` of one scale. Where every zero point is 0 (a Q4_0 tensor: ``w = (q - 8) * d``; a symmetric
+  head) and Sluice's kernel runs, ``scale_zero`` keeps the scales only, ``(K / 32, N, 1)``: the kernel then
+  reads 18 bytes per 32 weights instead of 20, and its results are the same bit for bit.
 * :class:`Int8Weight`: ``w = q * scale[row]``, ``q`` in ``-127..127``, ``scale`` bf16, at least
   ``absmax / 127`` so that no value clips; symmetric.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Iterator
 from typing import Protocol
 
@@ -36,6 +40,7 @@ from sluice.engines.llm.kernels import native_cpu
 from sluice.engines.llm.quant.gguf_blocks import GROUP, affine_int4
 from sluice.engines.llm.quant.gguf_rows import GGUFRows
 
+SCALES_ONLY_ENV = "SLUICE_INT4_SCALES_ONLY"
 COMPUTE_DTYPE = torch.bfloat16  # what the packed CPU kernels take as activations, scales and zero points
 # Rows converted at a time: bounds the int32 / float32 temporaries of a large matrix. The int4 layout packs
 # tiles of 64 rows together, so chunks must be a multiple of 64 for their packings to concatenate.
@@ -55,6 +60,12 @@ class PackedWeight(Protocol):
 
     @property
     def nbytes(self) -> int: ...
+
+
+def scales_only() -> bool:
+    """Whether int4 weights whose zero points are all 0 keep their scales only: where Sluice's int4 kernel
+    runs (torch's takes pairs) and ``SLUICE_INT4_SCALES_ONLY`` is not ``0`` (benchmarks compare the two)."""
+    return os.environ.get(SCALES_ONLY_ENV, "1") != "0" and native_cpu.int4_matmul_usable()
 
 
 def row_chunks(source: torch.Tensor | GGUFRows) -> Iterator[torch.Tensor]:
@@ -131,7 +142,7 @@ class Int4Weight:
 
     def __init__(self, packed: torch.Tensor, scale_zero: torch.Tensor, out_features: int) -> None:
         self.packed = packed  # (N_padded, K / 2) uint8, torch's CPU int4 layout
-        self.scale_zero = scale_zero  # (K / 32, N_padded, 2) bf16
+        self.scale_zero = scale_zero  # (K / 32, N_padded, 2) bf16, or (K / 32, N_padded, 1): zero points all 0
         self.out_features = out_features
         self.in_features = packed.shape[1] * 2
 
@@ -153,15 +164,22 @@ class Int4Weight:
         return cls._pack(parts, rows.num_rows, rows.shape[1])
 
     @classmethod
-    def quantize(cls, source: torch.Tensor | GGUFRows) -> Int4Weight:
-        """Asymmetric int4 of a float matrix (or a GGUF tensor's values): each group's [min, max] onto 0..15,
-        as GGUF's Q4_1 does."""
+    def quantize(cls, source: torch.Tensor | GGUFRows, symmetric: bool = False) -> Int4Weight:
+        """Int4 of a float matrix (or a GGUF tensor's values). Asymmetric: each group's [min, max] onto
+        0..15, as GGUF's Q4_1 does. ``symmetric``: ``q - 8`` in -8..7 times one scale per group, no zero point,
+        as Q4_0 does -- a step about 7 % coarser for a tenth fewer bytes read (for an LM head that ranks).
+        Symmetric is asymmetric where scales-only weights are not kept (:func:`scales_only`)."""
+        symmetric = symmetric and scales_only()
 
         def parts() -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
             for chunk in row_chunks(source):
                 g = chunk.reshape(chunk.shape[0], -1, GROUP)
-                lo = g.amin(dim=-1)
-                scale = (g.amax(dim=-1) - lo) / 15.0
+                if symmetric:  # the scale that fits both ends: min onto -8, max onto 7
+                    scale = torch.maximum(g.amin(dim=-1) / -8.0, g.amax(dim=-1) / 7.0).clamp_(min=0)
+                    lo = -8.0 * scale
+                else:
+                    lo = g.amin(dim=-1)
+                    scale = (g.amax(dim=-1) - lo) / 15.0
                 safe = torch.where(scale > 0, scale, torch.ones_like(scale))
                 q = torch.round((g - lo.unsqueeze(-1)) / safe.unsqueeze(-1)).clamp_(0, 15).to(torch.uint8)
                 yield q.reshape(g.shape[0], -1), scale, lo
@@ -192,14 +210,23 @@ class Int4Weight:
             row += n + pad
         if row != padded:
             raise ValueError(f"packed {row} rows of {padded}: the chunks do not add up to the matrix")
+        if scales_only() and not scale_zero[..., 1].any():  # every zero point 0: keep the scales only
+            scale_zero = scale_zero[..., :1].contiguous()
         return cls(packed, scale_zero, num_rows)
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         if native_cpu.int4_matmul_usable():  # the same layout, 1.3-2.3x faster (kernels/native/int4_matmul.cpp)
             y = native_cpu.int4_matmul(_to_compute(x).contiguous(), self.packed, self.scale_zero)
         else:
-            y = torch.ops.aten._weight_int4pack_mm_for_cpu(_to_compute(x), self.packed, GROUP, self.scale_zero)
+            y = torch.ops.aten._weight_int4pack_mm_for_cpu(_to_compute(x), self.packed, GROUP, self.pairs())
         return y if y.shape[1] == self.out_features else y[:, : self.out_features]
+
+    def pairs(self) -> torch.Tensor:
+        """``scale_zero`` as torch's kernel takes it, ``(K / 32, N_padded, 2)``: zero points of 0 added where
+        only the scales are kept (a copy per call: only where Sluice's kernel was turned off after loading)."""
+        if self.scale_zero.shape[2] == 2:
+            return self.scale_zero
+        return torch.cat([self.scale_zero, torch.zeros_like(self.scale_zero)], dim=2)
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError("int4 weights are not gathered; embeddings keep their own copy")

@@ -56,6 +56,21 @@ def test_unpack_gives_the_weight_rounded_to_bf16(rows: int, cols: int) -> None:
         assert torch.equal(part, out[:, 64:])
 
 
+def test_unpack_reads_scales_only_as_scale_and_zero_point_0() -> None:
+    """A Q4_0 weight (scales only, where Sluice's kernel runs) unpacks as its (scale, 0) pairs do."""
+    q = torch.randint(0, 16, (208, 128), generator=torch.Generator().manual_seed(9), dtype=torch.uint8)
+    scale = torch.rand(208, 4, generator=torch.Generator().manual_seed(10)) * 0.1 + 0.01
+    w = Int4Weight.from_affine(q, scale, -8 * scale)
+    if w.scale_zero.shape[2] != 1:
+        pytest.skip("scales-only weights are kept only where Sluice's int4 kernel runs (AVX512-BF16)")
+    scales_only, pairs = (torch.empty(128, 208, dtype=torch.bfloat16) for _ in range(2))
+    native_cpu.int4_unpack(w.packed, w.scale_zero, 0, scales_only)
+    native_cpu.int4_unpack(w.packed, w.pairs(), 0, pairs)
+    assert torch.equal(scales_only, pairs)
+    assert torch.equal(scales_only.T.float(), ((q.float() - 8).view(208, 4, GROUP) * scale.to(torch.bfloat16)
+                                               .float().unsqueeze(-1)).view(208, 128).to(torch.bfloat16).float())  # fmt: skip
+
+
 def test_unpack_refuses_what_it_cannot_read() -> None:
     w, _ = _weight(128, 64, seed=0)
     with pytest.raises(RuntimeError, match="start on a 64-row tile"):

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from sluice.engines.llm.kernels import native_cpu
 from sluice.engines.llm.quant.gguf_blocks import GROUP
-from sluice.engines.llm.quant.packed import Int4Weight
+from sluice.engines.llm.quant.packed import SCALES_ONLY_ENV, Int4Weight
 
 pytestmark = pytest.mark.skipif(
     not native_cpu.int4_matmul_usable(),
@@ -98,6 +98,55 @@ def test_a_rows_result_does_not_depend_on_the_other_rows(tiles: int, tail: int, 
     assert torch.equal(native_cpu.int4_matmul(x, w.packed, w.scale_zero, portable=True), whole)
 
 
+def _q4_0_weight(rows: int, cols: int, seed: int) -> tuple[Int4Weight, torch.Tensor]:
+    """A Q4_0-shaped weight, ``w = (q - 8) * d``: every zero point 0."""
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randint(0, 16, (rows, cols), generator=gen, dtype=torch.uint8)
+    scale = torch.rand(rows, cols // GROUP, generator=gen) * 0.1 + 0.01
+    s = scale.to(torch.bfloat16).double()
+    values = ((q.double() - 8).view(rows, -1, GROUP) * s.unsqueeze(-1)).view(rows, cols)
+    return Int4Weight.from_affine(q, scale, -8 * scale), values
+
+
+@pytest.mark.parametrize(("rows", "cols"), [(64, 64), (16, 96), (112, 128), (200, 256), (960, 576)])
+@pytest.mark.parametrize("m", [1, 4, 9])
+def test_zero_points_of_0_are_not_kept_and_the_results_are_the_same_bit_for_bit(rows: int, cols: int,
+                                                                                m: int) -> None:  # fmt: skip
+    """A Q4_0 tensor keeps its scales only (a tenth fewer bytes read) and multiplies exactly as the (scale,
+    0) pairs do, in both pairing forms, for whole tiles and tails; torch's kernel gets the pairs back."""
+    w, values = _q4_0_weight(rows, cols, seed=rows + cols)
+    assert w.scale_zero.shape == (cols // GROUP, w.packed.shape[0], 1)
+    assert w.nbytes == w.packed.numel() + w.scale_zero.numel() * 2
+    pairs = w.pairs()
+    assert pairs.shape[2] == 2 and not pairs[..., 1].any() and torch.equal(pairs[..., 0], w.scale_zero[..., 0])
+    x = (torch.randn(m, cols, generator=torch.Generator().manual_seed(m)) * 3).to(torch.bfloat16)
+    scales_only = native_cpu.int4_matmul(x, w.packed, w.scale_zero)
+    assert torch.equal(scales_only, native_cpu.int4_matmul(x, w.packed, pairs))
+    assert torch.equal(native_cpu.int4_matmul(x, w.packed, w.scale_zero, portable=True), scales_only)
+    _assert_one_rounding(scales_only[:, :rows], _product(x, values))
+
+
+def test_scales_only_fall_back_to_torchs_kernel_when_it_is_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    w, values = _q4_0_weight(200, 128, seed=5)
+    x = torch.randn(3, 128, generator=torch.Generator().manual_seed(6))
+    monkeypatch.setenv(native_cpu.INT4_MATMUL_ENV, "0")
+    _assert_one_rounding(w.matmul(x), _product(x, values))
+    assert Int4Weight.from_affine(*_q4_0_args(64, 64)).scale_zero.shape[2] == 2  # packed while it is off: pairs
+
+
+def test_the_switch_keeps_zero_points_of_0(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(SCALES_ONLY_ENV, "0")
+    w = Int4Weight.from_affine(*_q4_0_args(64, 64))
+    assert w.scale_zero.shape[2] == 2 and not w.scale_zero[..., 1].any()
+    assert Int4Weight.quantize(torch.randn(64, 64) + 1, symmetric=True).scale_zero[..., 1].any()  # asymmetric
+
+
+def _q4_0_args(rows: int, cols: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    q = torch.randint(0, 16, (rows, cols), dtype=torch.uint8)
+    scale = torch.full((rows, cols // GROUP), 0.05)
+    return q, scale, -8 * scale
+
+
 def test_no_rows_and_refusals() -> None:
     w, _ = _weight(64, 64, seed=0)
     empty = native_cpu.int4_matmul(torch.empty(0, 64, dtype=torch.bfloat16), w.packed, w.scale_zero)
@@ -108,3 +157,6 @@ def test_no_rows_and_refusals() -> None:
         native_cpu.int4_matmul(torch.zeros(1, 96, dtype=torch.bfloat16), w.packed, w.scale_zero)  # K differs
     with pytest.raises(RuntimeError, match="scale_zero must be"):
         native_cpu.int4_matmul(torch.zeros(1, 64, dtype=torch.bfloat16), w.packed, w.scale_zero.float())
+    with pytest.raises(RuntimeError, match="scale_zero must be"):  # three numbers per group and row
+        native_cpu.int4_matmul(torch.zeros(1, 64, dtype=torch.bfloat16), w.packed,
+                               torch.cat([w.scale_zero, w.scale_zero[..., :1]], dim=2))  # fmt: skip

@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from sluice.engines.llm.kernels import native_cpu
 from sluice.engines.llm.quant import packed
 from sluice.engines.llm.quant.gguf_blocks import GROUP
 from sluice.engines.llm.quant.packed import DenseWeight, Int4Weight, Int8Weight
@@ -64,6 +65,22 @@ def test_int4_quantize_stays_within_half_a_step() -> None:
     # half a step of rounding, plus the bf16 rounding of scale, zero point and output
     bound = (step / 2 + 2**-7 * groups.abs().amax(-1)).repeat_interleave(GROUP, dim=1)
     assert bool(((got - w).abs() <= bound).all())
+
+
+def test_int4_symmetric_quantize_stays_within_half_a_step_without_zero_points() -> None:
+    """The ranking head's form: one scale per group, min onto -8 or max onto 7, no value clipped."""
+    gen = torch.Generator().manual_seed(5)
+    w = torch.randn(48, 128, generator=gen) + 0.3
+    packed = Int4Weight.quantize(w, symmetric=True)
+    x = torch.eye(128)
+    got = packed.matmul(x).T
+    groups = w.view(48, -1, GROUP)
+    step = torch.maximum(groups.amin(-1) / -8, groups.amax(-1) / 7)
+    bound = (step / 2 + 2**-7 * groups.abs().amax(-1)).repeat_interleave(GROUP, dim=1)
+    assert bool(((got - w).abs() <= bound).all())
+    if native_cpu.int4_matmul_usable():  # Sluice's kernel skips the zero points: only the scales are kept
+        assert packed.scale_zero.shape[2] == 1 and not packed.pairs()[..., 1].any()
+        assert packed.nbytes == Int4Weight.quantize(w).nbytes - packed.scale_zero.numel() * 2
 
 
 def test_int8_quantize_never_clips_and_rounds_to_the_nearest_step() -> None:

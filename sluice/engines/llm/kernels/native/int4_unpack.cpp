@@ -8,8 +8,8 @@
 // The rows past the last whole tile (nb = Np % 64 of them) hold, for every k, nb / 2 bytes at
 // tail + k * (nb / 2) + j / 2: row j in the low nibble when j is even, the high one when odd. So for each k
 // a tile's bytes are its rows' values in order: written as columns of out they need no transposition.
-// scale_zero is (K / 32, Np, 2) bfloat16; w = (q - 8) * scale + zero, computed in float32, rounded to
-// bfloat16 (nearest even).
+// scale_zero is (K / 32, Np, 2) bfloat16, or (K / 32, Np, 1) for scales only (zero points 0);
+// w = (q - 8) * scale + zero, computed in float32, rounded to bfloat16 (nearest even).
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -33,17 +33,17 @@ inline uint16_t to_bf16_bits(float x) {
 
 // The tile whose first row is r0 (64 rows, or the tail's np % 64) into columns of dst: value (k, r) at
 // dst[k * ld + (r - r0)].
-void unpack_tile(const uint8_t* packed, const c10::BFloat16* sz, int64_t np, int64_t k_size, int64_t r0,
-                 uint16_t* dst, int64_t ld) {
+void unpack_tile(const uint8_t* packed, const c10::BFloat16* sz, int64_t zs, int64_t np, int64_t k_size,
+                 int64_t r0, uint16_t* dst, int64_t ld) {
   const int64_t full = np / kTile * kTile;
   const int64_t width = r0 < full ? kTile : np - full;
   const uint8_t* src = packed + r0 * (k_size / 2);
   alignas(64) float scale[kTile], zero[kTile];
   for (int64_t g = 0; g < k_size / kGroup; ++g) {
-    const c10::BFloat16* group_sz = sz + (g * np + r0) * 2;
+    const c10::BFloat16* group_sz = sz + (g * np + r0) * zs;
     for (int64_t j = 0; j < width; ++j) {
-      scale[j] = static_cast<float>(group_sz[2 * j]);
-      zero[j] = static_cast<float>(group_sz[2 * j + 1]);
+      scale[j] = static_cast<float>(group_sz[zs * j]);
+      zero[j] = zs == 2 ? static_cast<float>(group_sz[2 * j + 1]) : 0.f;
     }
     for (int64_t k = g * kGroup; k < (g + 1) * kGroup; ++k) {
       const uint8_t* b = src + k * (width / 2);
@@ -74,8 +74,9 @@ void int4_unpack(const torch::Tensor& packed, const torch::Tensor& scale_zero, i
   const int64_t np = packed.size(0), k_size = packed.size(1) * 2;
   TORCH_CHECK(np % 16 == 0 && k_size % kGroup == 0, "int4_unpack: Np must be a multiple of 16, K of 32");
   TORCH_CHECK(scale_zero.dim() == 3 && scale_zero.size(0) == k_size / kGroup && scale_zero.size(1) == np &&
-                  scale_zero.size(2) == 2 && scale_zero.scalar_type() == at::kBFloat16 && scale_zero.is_contiguous(),
-              "int4_unpack: scale_zero must be (K / 32, Np, 2) contiguous bfloat16");
+                  (scale_zero.size(2) == 2 || scale_zero.size(2) == 1) &&
+                  scale_zero.scalar_type() == at::kBFloat16 && scale_zero.is_contiguous(),
+              "int4_unpack: scale_zero must be (K / 32, Np, 2) or (K / 32, Np, 1) contiguous bfloat16");
   TORCH_CHECK(out.dim() == 2 && out.size(0) == k_size && out.scalar_type() == at::kBFloat16 && out.is_contiguous(),
               "int4_unpack: out must be (K, rows) contiguous bfloat16");
   const int64_t count = out.size(1), full = np / kTile * kTile;
@@ -90,7 +91,7 @@ void int4_unpack(const torch::Tensor& packed, const torch::Tensor& scale_zero, i
   at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t stop) {
     for (int64_t t = begin; t < stop; ++t) {
       const int64_t r0 = row0 + t * kTile;  // the tail, if any, is the last tile and starts at full
-      unpack_tile(p, sz, np, k_size, r0, o + (r0 - row0), count);
+      unpack_tile(p, sz, scale_zero.size(2), np, k_size, r0, o + (r0 - row0), count);
     }
   });
 }
