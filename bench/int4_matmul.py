@@ -1,5 +1,6 @@
-"""The int4 matmuls of the LLM engine side by side: Sluice's native kernel (``kernels/native/int4_matmul.cpp``),
-torch's ``_weight_int4pack_mm_for_cpu`` and the dense path (weight unpacked to bf16, oneDNN GEMM:
+"""The int4 matmuls of the LLM engine side by side: Sluice's native kernel (``kernels/native/int4_matmul.cpp``)
+on a Q4_0-shaped weight's scales only and on its (scale, zero point) pairs, torch's
+``_weight_int4pack_mm_for_cpu`` and the dense path (weight unpacked to bf16, oneDNN GEMM:
 ``quant/int4_dense.py``), on the projection shapes of SmolLM2-135M and Llama-3.2-1B, from one row (a decode
 step) to a prompt chunk's hundreds.
 
@@ -7,8 +8,8 @@ step) to a prompt chunk's hundreds.
 
 Each case cycles through copies of the weight that together exceed the CPU's last-level cache, so every call
 reads its weight from memory as a decode step does (a matrix used once per step). Times are the minimum over
-repeats, the three implementations interleaved. ``GB/s``: the packed weight's bytes (4.5 bits a weight with
-its bf16 scale and zero point) per second of Sluice's kernel. Prints a table, writes
+repeats, the implementations interleaved. ``GB/s``: the packed weight's bytes (4.5 bits a weight with its bf16
+scale) per second of Sluice's kernel on the scales only. Prints a table, writes
 ``bench/results/int4_matmul.json``.
 """
 
@@ -37,39 +38,47 @@ SHAPES = {  # (out_features, in_features) of each model's projections and LM hea
 CACHE_BYTES = 96 << 20  # more than any last-level cache of the machines seen (32 MB)
 
 
-def _weights(n: int, k: int) -> list[Int4Weight]:
+def _weights(n: int, k: int) -> list[tuple[Int4Weight, torch.Tensor]]:
+    """Copies of a Q4_0-shaped weight (zero points 0: kept as scales only), each with its (scale, 0) pairs."""
     copies = max(1, -(-CACHE_BYTES // (n * k // 2)))
     out = []
     for seed in range(copies):
         gen = torch.Generator().manual_seed(seed)
         q = torch.randint(0, 16, (n, k), generator=gen, dtype=torch.uint8)
         scale = torch.rand(n, k // 32, generator=gen) * 0.02 + 1e-3
-        out.append(Int4Weight.from_affine(q, scale, -8 * scale))
+        w = Int4Weight.from_affine(q, scale, -8 * scale)
+        out.append((w, w.pairs()))
     return out
 
 
-def _implementations(weights: list[Int4Weight], x: torch.Tensor) -> dict[str, Callable[[], object]]:
-    """The three ways to compute ``x @ W.T``, each call on the next copy of the weight."""
+def _implementations(weights: list[tuple[Int4Weight, torch.Tensor]], x: torch.Tensor
+                     ) -> dict[str, Callable[[], object]]:  # fmt: skip
+    """The ways to compute ``x @ W.T``, each call on the next copy of the weight: Sluice's kernel on the
+    scales only and on (scale, zero point) pairs, torch's kernel (pairs), the dense path."""
     from sluice.engines.llm.kernels import native_cpu
     from sluice.engines.llm.quant import int4_dense
 
     turn = iter(range(1 << 62))
 
-    def pick() -> Int4Weight:
+    def pick() -> tuple[Int4Weight, torch.Tensor]:
         return weights[next(turn) % len(weights)]
 
     def sluice() -> object:
-        w = pick()
+        w, _ = pick()
         return native_cpu.int4_matmul(x, w.packed, w.scale_zero)
 
+    def sluice_pairs() -> object:
+        w, pairs = pick()
+        return native_cpu.int4_matmul(x, w.packed, pairs)
+
     def torch_kernel() -> object:
-        w = pick()
-        return torch.ops.aten._weight_int4pack_mm_for_cpu(x, w.packed, 32, w.scale_zero)
+        w, pairs = pick()
+        return torch.ops.aten._weight_int4pack_mm_for_cpu(x, w.packed, 32, pairs)
 
     def dense() -> object:
-        return int4_dense.dense_matmul(pick(), x)
+        return int4_dense.dense_matmul(pick()[0], x)
 
-    return {"sluice": sluice, "torch": torch_kernel, "dense": dense}
+    return {"sluice": sluice, "sluice_pairs": sluice_pairs, "torch": torch_kernel, "dense": dense}
 
 
 def _min_ms(fns: dict[str, Callable[[], object]], reps: int) -> dict[str, float]:
@@ -101,21 +110,23 @@ def main(argv: list[str] | None = None) -> int:
     shapes = dict(list(SHAPES.items())[:2]) if args.quick else SHAPES
     rows_list = [1, 32] if args.quick else [int(r) for r in args.rows.split(",")]
     results = []
-    print(f"{'matrix':<16}{'rows':>6}{'sluice ms':>11}{'torch ms':>10}{'dense ms':>10}{'torch/sluice':>14}"
-          f"{'dense/sluice':>14}{'GB/s':>7}")  # fmt: skip
+    print(f"{'matrix':<16}{'rows':>6}{'sluice ms':>11}{'pairs ms':>10}{'torch ms':>10}{'dense ms':>10}"
+          f"{'pairs/sluice':>14}{'torch/sluice':>14}{'dense/sluice':>14}{'GB/s':>7}")  # fmt: skip
     for name, (n, k) in shapes.items():
         weights = _weights(n, k)
         for m in rows_list:
             x = torch.randn(m, k).to(torch.bfloat16)
             fns = _implementations(weights, x)
             ms = _min_ms(fns, max(3, args.reps if m <= 32 else args.reps // 3))
-            gbs = n * k * (0.5 + 4 / 32) / (ms["sluice"] / 1e3) / 1e9
+            gbs = n * k * (0.5 + 2 / 32) / (ms["sluice"] / 1e3) / 1e9  # packed weight and scales read
             row = {"matrix": name, "shape": [n, k], "rows": m, **{f"{key}_ms": v for key, v in ms.items()},
+                   "pairs_over_sluice": ms["sluice_pairs"] / ms["sluice"],
                    "torch_over_sluice": ms["torch"] / ms["sluice"], "dense_over_sluice": ms["dense"] / ms["sluice"],
                    "sluice_weight_gb_s": gbs}  # fmt: skip
             results.append(row)
-            print(f"{name:<16}{m:>6}{ms['sluice']:>11.3f}{ms['torch']:>10.3f}{ms['dense']:>10.3f}"
-                  f"{row['torch_over_sluice']:>13.2f}x{row['dense_over_sluice']:>13.2f}x{gbs:>7.1f}", flush=True)
+            print(f"{name:<16}{m:>6}{ms['sluice']:>11.3f}{ms['sluice_pairs']:>10.3f}{ms['torch']:>10.3f}"
+                  f"{ms['dense']:>10.3f}{row['pairs_over_sluice']:>13.2f}x{row['torch_over_sluice']:>13.2f}x"
+                  f"{row['dense_over_sluice']:>13.2f}x{gbs:>7.1f}", flush=True)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     facts = {"threads": args.threads, "machine": platform.platform(), "cpus": os.cpu_count(),
