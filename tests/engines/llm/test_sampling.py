@@ -10,7 +10,7 @@ import torch
 
 from sluice.engines.llm import LLM, RequestStatus, SamplingParams
 from sluice.engines.llm.model import LlamaModel
-from sluice.engines.llm.sampling import Sampler, SamplingRow
+from sluice.engines.llm.sampling import Sampler, SamplingRow, argmax_rows
 
 
 @pytest.fixture(scope="module")
@@ -128,3 +128,18 @@ def test_logprobs_match_log_softmax_of_the_logits(
         assert logprob == pytest.approx(expected, abs=1e-4)
     [plain] = llm.generate([prompt], SamplingParams(max_tokens=2))
     assert plain.logprobs is None
+
+
+def test_argmax_rows_is_torchs_argmax() -> None:
+    """First index of the largest value; NaN counts as largest; -inf rows (all masked) give index 0."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.round(torch.randn(6, 1000, generator=gen) * 2)  # ties
+    x[1, 10] = float("nan")
+    x[1, 500] = float("nan")
+    x[2] = float("-inf")
+    x[3, 999] = float("inf")
+    got = argmax_rows(x)
+    assert got.dtype == torch.int64 and torch.equal(got, x.argmax(dim=-1))
+    assert got[1] == 10 and got[2] == 0 and got[3] == 999
+    assert torch.equal(argmax_rows(x[:, :500]), x[:, :500].argmax(dim=-1))  # a strided view
+    assert torch.equal(argmax_rows(x.double()), x.double().argmax(dim=-1))  # other dtypes: torch's own

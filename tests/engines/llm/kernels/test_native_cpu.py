@@ -198,3 +198,52 @@ def test_silu_mul_rounds_as_torch_does() -> None:
     assert got.shape == (5, 1536) and got.dtype == torch.bfloat16
     torch.testing.assert_close(got.float(), want.float(), rtol=8e-3, atol=1e-5)  # one bf16 step at most
     assert (got != want).float().mean() < 0.01  # the exp differs from torch's only in its last float bits
+
+
+def _top_k_reference(x: torch.Tensor, k: int) -> torch.Tensor:
+    """The k best of each row by (value descending, index ascending), NaN as -inf: a stable sort."""
+    values = torch.nan_to_num(x.float(), nan=float("-inf"), posinf=float("inf"), neginf=float("-inf"))
+    return torch.sort(values, dim=-1, descending=True, stable=True).indices[:, :k]
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    rows=st.integers(1, 4),
+    width=st.sampled_from([1, 40, 64, 65, 1000, 32768, 32769, 70001]),
+    k=st.integers(1, 64),
+    dtype=st.sampled_from([torch.float32, torch.bfloat16]),
+    coarse=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_top_k_rows_is_the_stable_top_k(rows: int, width: int, k: int, dtype: torch.dtype, coarse: bool,
+                                        seed: int) -> None:  # fmt: skip
+    """The rescored head's candidates: torch.topk's set, ties (many, with coarse values) to the lower index,
+    in ranking order, whatever the thread count."""
+    k = min(k, width)
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, width, generator=gen)
+    if coarse:  # few distinct values: ties at the k-th place
+        x = torch.round(x * 2)
+    x = x.to(dtype)
+    got = native_cpu.top_k_rows(x, k)
+    assert got.dtype == torch.int64 and got.shape == (rows, k)
+    assert torch.equal(got, _top_k_reference(x, k))
+    assert torch.equal(x.float().gather(1, got), x.float().topk(k, dim=-1).values)  # torch.topk's values
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch.equal(native_cpu.top_k_rows(x, k), got)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_top_k_rows_ranks_nan_last_and_takes_a_sliced_row() -> None:
+    x = torch.tensor([[0.5, float("nan"), 2.0, float("-inf"), 1.0, float("inf")]])
+    assert native_cpu.top_k_rows(x, 3).tolist() == [[5, 2, 4]]
+    assert native_cpu.top_k_rows(x, 6).tolist() == [[5, 2, 4, 0, 1, 3]]  # NaN and -inf: by index
+    wide = torch.randn(2, 300)
+    assert torch.equal(native_cpu.top_k_rows(wide[:, :250], 7), _top_k_reference(wide[:, :250], 7))
+    with pytest.raises(RuntimeError, match="k must be"):
+        native_cpu.top_k_rows(x, 7)
+    with pytest.raises(RuntimeError, match="float32 or bfloat16"):
+        native_cpu.top_k_rows(x.double(), 1)

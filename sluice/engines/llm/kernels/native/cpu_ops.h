@@ -23,6 +23,9 @@ bool int4_matmul_available();
 torch::Tensor int4_matmul(const torch::Tensor& x, const torch::Tensor& packed, const torch::Tensor& scale_zero,
                           bool portable = false);
 
+// top_k.cpp
+torch::Tensor top_k_rows(const torch::Tensor& x, int64_t k);
+
 // decode_layers.cpp
 torch::Tensor decode_layers(torch::Tensor h, const std::vector<std::vector<torch::Tensor>>& layers,
                             const std::vector<std::vector<int64_t>>& sizes, const torch::Tensor& cos,
