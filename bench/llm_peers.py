@@ -18,12 +18,14 @@ requests at once, and extraction (long distinct prompts).
 
 Every engine uses ``--threads`` threads and one ``OMP_WAIT_POLICY`` (``--omp-wait-policy``). Reported per run:
 output tok/s, TTFT p50 / p99, peak RSS (for Sluice also the part held before the model is loaded); per
-workload Sluice's ratio to the best llama-server setting. Writes ``bench/results/llm_peers.json``,
+workload Sluice's ratio to the best llama-server setting of the same round (``--repeats N``: N rounds back to
+back, each running every engine, and a table of the per-round ratios with their median). Writes ``bench/results/llm_peers.json``,
 ``llm_peers.md`` and ``llm_peers.png``.
 
     .venv/bin/python bench/llm_peers.py                 # everything (about 40 minutes on 2 quiet cores)
     .venv/bin/python bench/llm_peers.py --quick         # SmolLM2, small workloads: checks the plumbing
     .venv/bin/python bench/llm_peers.py --models smollm2 --workloads decode-8,decode-1
+    .venv/bin/python bench/llm_peers.py --models llama1b-q4_0 --workloads decode-1 --slots 1 --repeats 3
 """
 
 from __future__ import annotations
@@ -99,13 +101,14 @@ def run_workload(model: str, workload: Workload, args: argparse.Namespace, with_
     return results
 
 
-def summarise(model: str, results: list[RunResult]) -> list[dict[str, Any]]:
+def summarise(model: str, results: list[RunResult], round_: int = 1) -> list[dict[str, Any]]:
+    """One row per run; ratios against the best llama-server setting of the same round of the workload."""
     rows = []
     for workload in dict.fromkeys(r.workload for r in results):
         runs = [r for r in results if r.workload == workload]
         best = max((r for r in runs if r.engine.startswith("llama-server")), key=lambda r: r.tokens_per_s)
         for r in runs:
-            rows.append({"model": model, "workload": workload, "engine": r.engine, "elapsed_s": r.elapsed_s,
+            rows.append({"model": model, "workload": workload, "engine": r.engine, "round": round_, "elapsed_s": r.elapsed_s,
                          "output_tokens": r.output_tokens, "tokens_per_s": r.tokens_per_s,
                          "ttft_p50_ms": 1000 * statistics.median(r.ttft_s), "ttft_p99_ms": 1000 * percentile(r.ttft_s, 0.99),
                          "peak_rss_mb": r.peak_rss_mb, "vs_best_llama_server": r.tokens_per_s / best.tokens_per_s,
@@ -118,13 +121,24 @@ def markdown(rows: list[dict[str, Any]], header: str) -> str:
     lines = [header, "", "| model | workload | engine | out tok/s | TTFT p50 ms | TTFT p99 ms | peak RSS MB | "
              "of it before loading | tok/s vs best llama-server | RSS vs it |",
              "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    rounds = max((r.get("round", 1) for r in rows), default=1)
     for r in rows:
         runtime = f"{r['runtime_rss_mb']:.0f}" if "runtime_rss_mb" in r else ""
-        lines.append(f"| {r['model']} | {r['workload']} | {r['engine']} | {r['tokens_per_s']:.1f} | "
+        engine = r["engine"] + (f" #{r['round']}" if rounds > 1 else "")
+        lines.append(f"| {r['model']} | {r['workload']} | {engine} | {r['tokens_per_s']:.1f} | "
                      f"{r['ttft_p50_ms']:.0f} | {r['ttft_p99_ms']:.0f} | {r['peak_rss_mb']:.0f} | {runtime} | "
                      f"{r['vs_best_llama_server']:.2f}x | {r['rss_vs_best_llama_server']:.2f}x |")  # fmt: skip
     lines += ["", "*of it before loading*: the engine process's resident size once torch and Sluice are imported, "
               "before the model is read -- the runtime's floor, which no weight format changes."]  # fmt: skip
+    if rounds > 1:
+        lines += ["", f"Ratio to the best llama-server setting of the same round, {rounds} rounds back to back "
+                  "(`--repeats`: this VM's memory bandwidth moves by the minute):", "",
+                  "| model | workload | engine | " + " | ".join(f"#{i}" for i in range(1, rounds + 1)) + " | median |",
+                  "|---|---|---|" + "---:|" * (rounds + 1)]  # fmt: skip
+        for key in dict.fromkeys((r["model"], r["workload"], r["engine"]) for r in rows):
+            ratios = [r["vs_best_llama_server"] for r in rows if (r["model"], r["workload"], r["engine"]) == key]
+            cells = " | ".join(f"{x:.2f}x" for x in ratios)
+            lines.append(f"| {key[0]} | {key[1]} | {key[2]} | {cells} | {statistics.median(ratios):.2f}x |")
     return "\n".join(lines) + "\n"
 
 
@@ -173,6 +187,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--zero-points-baseline", action="store_true",
                     help="also run Sluice with SLUICE_INT4_SCALES_ONLY=0 (int4 weights keep zero points of 0, "
                     "the LM head is quantised asymmetric: the bytes read before scales-only weights)")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="rounds of each workload (every engine each round), with a table of the per-round ratios "
+                    "and their median")
     ap.add_argument("--scale-1b", type=float, default=0.25, help="workload size for the 1B model (1 = SmolLM2's)")
     ap.add_argument("--no-hf", action="store_true")
     ap.add_argument("--hf-1b", action="store_true", help="also HF generate on the 1B model (fp32: 5 GB)")
@@ -204,7 +221,8 @@ def main(argv: list[str] | None = None) -> None:
                   f"{sum(map(len, w.prompts))} prompt tokens, {w.num_output_tokens} output tokens "
                   f"(load {os.getloadavg()[0]:.2f})", flush=True)  # fmt: skip
             with_hf = not args.no_hf and (name == "smollm2" or args.hf_1b)
-            rows += summarise(MODELS[name], run_workload(model, w, args, with_hf))
+            for round_ in range(1, args.repeats + 1):  # whole rounds back to back: each ratio is same-round
+                rows += summarise(MODELS[name], run_workload(model, w, args, with_hf), round_)
     facts = {"threads": args.threads, "machine": platform.platform(), "cpus": os.cpu_count(), **environment_note()}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
