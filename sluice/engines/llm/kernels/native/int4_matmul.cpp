@@ -243,8 +243,9 @@ torch::Tensor int4_matmul(const torch::Tensor& x, const torch::Tensor& packed, c
   if (m_rows == 0) return out;
   const int64_t groups = k_size / kGroup;
   const uint16_t* xp = reinterpret_cast<const uint16_t*>(x.data_ptr<c10::BFloat16>());
-  std::vector<float> xsum(m_rows * groups);  // sum of each group of x, in one fixed order
-  for (int64_t m = 0; m < m_rows; ++m)
+  // sum of each group of x, in one fixed order: what the zero points multiply (none kept: not needed)
+  std::vector<float> xsum(zs == 2 ? m_rows * groups : 0);
+  for (int64_t m = 0; m < (zs == 2 ? m_rows : 0); ++m)
     for (int64_t g = 0; g < groups; ++g) {
       float s = 0.f;
       for (int64_t k = g * kGroup; k < (g + 1) * kGroup; ++k) s += bf16_to_float(xp[m * k_size + k]);

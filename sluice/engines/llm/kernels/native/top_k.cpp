@@ -39,21 +39,21 @@ void chunk_top_k(const T* row, int64_t begin, int64_t end, int64_t k, std::vecto
   out.clear();
   int64_t worst = -1;  // position in out of the last-ranked candidate, once out holds k
   float bound = -std::numeric_limits<float>::infinity();
+  const auto find_worst = [&] {
+    worst = std::max_element(out.begin(), out.end(), before) - out.begin();  // the "largest" ranks last
+    bound = out[worst].value;
+  };
   const auto consider = [&](int64_t i) {
     const float raw = static_cast<float>(row[i]);
     const float v = raw == raw ? raw : -std::numeric_limits<float>::infinity();  // NaN ranks last
     if (static_cast<int64_t>(out.size()) < k) {
       out.push_back({v, i});
-      if (static_cast<int64_t>(out.size()) == k) {
-        worst = std::min_element(out.begin(), out.end(), [](const Candidate& a, const Candidate& b) { return before(b, a); }) - out.begin();
-        bound = out[worst].value;
-      }
+      if (static_cast<int64_t>(out.size()) == k) find_worst();
       return;
     }
     if (v <= bound) return;  // a later index with an equal value ranks after the worst kept
     out[worst] = {v, i};
-    worst = std::min_element(out.begin(), out.end(), [](const Candidate& a, const Candidate& b) { return before(b, a); }) - out.begin();
-    bound = out[worst].value;
+    find_worst();
   };
   int64_t i = begin;
   for (; i + kBlock <= end; i += kBlock) {
