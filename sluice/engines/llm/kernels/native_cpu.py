@@ -22,50 +22,34 @@ recomputes, ~10x faster than ``torch.topk`` over a large vocabulary.
 Measured on a 2-core AMD EPYC (Zen 4), SmolLM2-135M with ``weights: auto``: decode attention 15-25 us a
 layer against 40-75 for the torch path at one sequence, RMSNorm ~1 us against ~8.
 
-Built with ``torch.utils.cpp_extension`` (a C++ compiler and ninja, ``-O3 -march=native``) into
-``<sluice cache>/kernels/``, keyed by the source, torch's version and the CPU's flags, so it is compiled
-once per machine (~30-60 s on two cores) and loaded from there afterwards; concurrent builds wait on
-torch's lock in that folder. Where it cannot be built (no compiler, no ninja, a build error) the engine logs
-why, once, and keeps the torch path: same results to float rounding, slower at small batches.
-``SLUICE_NATIVE_KERNELS=0`` turns it off.
+Built with ``torch.utils.cpp_extension`` (a C++ compiler and ninja, ``-march=native``) at the first model load
+that needs it, once per machine and torch version, into the Sluice cache (``native_build.py``: the key, the
+lock other processes wait on, what is logged). Where it cannot be built (no compiler, no ninja, a build
+error) the engine logs why, once, and keeps the torch path: same results to float rounding, slower at small
+batches. ``SLUICE_NATIVE_KERNELS=0`` turns it off.
 """
 
 from __future__ import annotations
 
 import functools
-import hashlib
 import logging
 import os
-import platform
 import threading
-from pathlib import Path
 from types import ModuleType
 
 import torch
+
+from sluice.engines.llm.kernels import native_build
 
 log = logging.getLogger(__name__)
 
 ENV = "SLUICE_NATIVE_KERNELS"
 INT4_MATMUL_ENV = "SLUICE_INT4_MATMUL"
-_SOURCES = tuple(Path(__file__).with_name("native") / name
-                 for name in ("cpu_ops.h", "cpu_ops.cpp", "int4_unpack.cpp", "int4_matmul.cpp", "decode_layers.cpp",
-                              "top_k.cpp"))  # fmt: skip
 
 
 def enabled() -> bool:
     """False when ``SLUICE_NATIVE_KERNELS=0`` (read on every call, so tests can compare both paths)."""
     return os.environ.get(ENV, "1") != "0"
-
-
-def _cpu_identity() -> str:
-    """What ``-march=native`` compiles for: the CPU's flags (a cache dir shared between hosts stays safe)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("flags", "Features")):
-                return line
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 DTYPES = (torch.float32, torch.bfloat16)  # what the kernels read and write
@@ -88,49 +72,20 @@ def _ops() -> ModuleType:
     return module
 
 
-def build_key() -> str:
-    """The build's cache key: source, torch version, CPU flags."""
-    digest = hashlib.sha256()
-    for source in _SOURCES:
-        digest.update(source.read_bytes())
-    digest.update(torch.__version__.encode())
-    digest.update(_cpu_identity().encode())
-    return digest.hexdigest()[:16]
-
-
 _LOCK = threading.Lock()  # one build per process, whichever thread (engine, reload) asks first
 
 
 @functools.cache
 def load() -> ModuleType | None:
-    """The compiled module, or None (logged once) where it cannot be built. Blocks while compiling."""
-    with _LOCK:
-        return _build()
-
-
-def _build() -> ModuleType | None:
+    """The compiled module, or None (logged once) where it cannot be built. Blocks while compiling, or while
+    another process compiles it (``native_build.py``)."""
     from sluice.models import default_cache_dir
 
-    key = build_key()
-    build_dir = default_cache_dir() / "kernels" / f"cpu_ops-{key}"
-    try:
-        from torch.utils import cpp_extension
-
-        build_dir.mkdir(parents=True, exist_ok=True)
-        first = not any(build_dir.glob("*.so"))
-        if first:
-            log.info("compiling the native CPU kernels (decode attention, RMSNorm, rotary, silu*mul, int4 matmul, "
-                     "int4 unpack, decode layers) for this machine, once (~1 min), into %s", build_dir)
-        module = cpp_extension.load(
-            name=f"sluice_cpu_ops_{key}", sources=[str(s) for s in _SOURCES if s.suffix == ".cpp"],
-            build_directory=str(build_dir),
-            extra_cflags=["-O3", "-march=native", "-fopenmp", "-fno-math-errno"], extra_ldflags=["-fopenmp"], verbose=False,
-        )  # fmt: skip
-    except Exception as exc:  # no compiler, no ninja, a compile error: the torch path still works
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    with _LOCK:
+        module, how = native_build.load_or_build(default_cache_dir())
+    if module is None:
         log.warning("native CPU kernels unavailable (%s); the LLM engine uses the torch path, slower at small "
-                    "batches (needs a C++ compiler and ninja; set %s=0 to skip the attempt)", reason[:300], ENV)
-        return None
+                    "batches (needs a C++ compiler and ninja; set %s=0 to skip the attempt)", how, ENV)
     return module
 
 

@@ -70,7 +70,7 @@ inline float dot(const float* a, const float* b, int64_t d) {
 }
 
 template <typename Q, typename T>
-void store(const torch::Tensor& rows, torch::Tensor& cache, const int64_t* slots, int64_t n) {
+void store(const at::Tensor& rows, at::Tensor& cache, const int64_t* slots, int64_t n) {
   const int64_t row = cache.size(2) * cache.size(3);
   const Q* src = rows.data_ptr<Q>();
   T* dst = cache.data_ptr<T>();
@@ -86,9 +86,9 @@ void store(const torch::Tensor& rows, torch::Tensor& cache, const int64_t* slots
 }
 
 template <typename Q, typename T>
-void attend(const torch::Tensor& query, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
+void attend(const at::Tensor& query, const at::Tensor& k_cache, const at::Tensor& v_cache,
             const int64_t* blocks, int64_t max_blocks, const int64_t* lens, double scale, int64_t window,
-            double softcap, torch::Tensor& out) {
+            double softcap, at::Tensor& out) {
   const int64_t n = query.size(0), num_heads = query.size(1), d = query.size(2);
   const int64_t block_size = k_cache.size(1), num_kv_heads = k_cache.size(2);
   const int64_t group = num_heads / num_kv_heads;
@@ -173,9 +173,9 @@ void attend(const torch::Tensor& query, const torch::Tensor& k_cache, const torc
 
 }  // namespace
 
-torch::Tensor decode_attention(torch::Tensor query, torch::Tensor key, torch::Tensor value,
-                               torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor slots,
-                               torch::Tensor blocks, torch::Tensor lens, double scale, int64_t window,
+at::Tensor decode_attention(at::Tensor query, at::Tensor key, at::Tensor value,
+                               at::Tensor k_cache, at::Tensor v_cache, at::Tensor slots,
+                               at::Tensor blocks, at::Tensor lens, double scale, int64_t window,
                                double softcap) {
   const bool do_store = slots.numel() > 0;
   TORCH_CHECK(query.dim() == 3 && (query.scalar_type() == at::kFloat || query.scalar_type() == at::kBFloat16),
@@ -212,7 +212,7 @@ torch::Tensor decode_attention(torch::Tensor query, torch::Tensor key, torch::Te
     for (int64_t b = 0; b * k_cache.size(1) < len_ptr[i]; ++b)
       TORCH_CHECK(row[b] >= 0 && row[b] < k_cache.size(0), "block id out of range");
   }
-  auto out = torch::empty_like(query);
+  auto out = at::empty_like(query);
   const int64_t* table = blocks.data_ptr<int64_t>();
   const int64_t max_blocks = blocks.size(1);
   auto run = [&](auto q_type, auto cache_type) {
@@ -235,13 +235,13 @@ torch::Tensor decode_attention(torch::Tensor query, torch::Tensor key, torch::Te
 }
 
 // Llama's RMSNorm on float32 rows: y = x * rsqrt(mean(x^2) + eps) * w, one pass to sum, one to write.
-torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps) {
+at::Tensor rms_norm(at::Tensor x, at::Tensor weight, double eps) {
   TORCH_CHECK(x.scalar_type() == at::kFloat && weight.scalar_type() == at::kFloat, "rms_norm: float32 only");
   const int64_t hidden = x.size(-1);
   TORCH_CHECK(weight.dim() == 1 && weight.size(0) == hidden, "rms_norm: weight must be (hidden,)");
   x = x.contiguous();
   weight = weight.contiguous();
-  auto out = torch::empty_like(x);
+  auto out = at::empty_like(x);
   const int64_t rows = hidden == 0 ? 0 : x.numel() / hidden;
   const float* src = x.data_ptr<float>();
   const float* w = weight.data_ptr<float>();
@@ -293,7 +293,7 @@ __attribute__((optimize("fp-contract=off"))) static void rotate_rows(const T* x,
   }
 }
 
-torch::Tensor rotary(torch::Tensor x, torch::Tensor cos, torch::Tensor sin) {
+at::Tensor rotary(at::Tensor x, at::Tensor cos, at::Tensor sin) {
   TORCH_CHECK(x.dim() == 3 && cos.dim() == 3 && cos.sizes() == sin.sizes(), "rotary: x (n, heads, dim), cos/sin (n, 1, rd)");
   TORCH_CHECK(x.scalar_type() == cos.scalar_type() && x.scalar_type() == sin.scalar_type() &&
                   (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
@@ -303,7 +303,7 @@ torch::Tensor rotary(torch::Tensor x, torch::Tensor cos, torch::Tensor sin) {
   if (x.stride(2) != 1 || x.stride(1) != d) x = x.contiguous();  // each token's heads must be one row
   cos = cos.contiguous();
   sin = sin.contiguous();
-  auto out = torch::empty({n, heads, d}, x.options());
+  auto out = at::empty({n, heads, d}, x.options());
   if (x.scalar_type() == at::kFloat) {
     rotate_rows<float>(x.data_ptr<float>(), x.stride(0), cos.data_ptr<float>(), sin.data_ptr<float>(),
                        out.data_ptr<float>(), n, heads, d, rd);
@@ -317,12 +317,12 @@ torch::Tensor rotary(torch::Tensor x, torch::Tensor cos, torch::Tensor sin) {
 // The gated MLP's silu(gate) * up of bfloat16 rows (n, 2 * inter) [gate | up] -> (n, inter), rounded as
 // torch's bfloat16 F.silu(gate) * up is: silu to bfloat16, then the product (its exp is not torch's, so a
 // value on a rounding boundary can land one bfloat16 step away).
-torch::Tensor silu_mul(torch::Tensor gate_up) {
+at::Tensor silu_mul(at::Tensor gate_up) {
   TORCH_CHECK(gate_up.dim() == 2 && gate_up.size(1) % 2 == 0 && gate_up.scalar_type() == at::kBFloat16,
               "silu_mul: (n, 2 * inter) bfloat16");
   gate_up = gate_up.contiguous();
   const int64_t n = gate_up.size(0), inter = gate_up.size(1) / 2;
-  auto out = torch::empty({n, inter}, gate_up.options());
+  auto out = at::empty({n, inter}, gate_up.options());
   const c10::BFloat16* src = gate_up.data_ptr<c10::BFloat16>();
   c10::BFloat16* dst = out.data_ptr<c10::BFloat16>();
   const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, inter));
@@ -338,18 +338,4 @@ torch::Tensor silu_mul(torch::Tensor gate_up) {
     }
   });
   return out;
-}
-
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("decode_attention", &decode_attention, "store this step's K/V and attend each decode row (CPU)");
-  m.def("rms_norm", &rms_norm, "Llama's RMSNorm of float32 rows (CPU)");
-  m.def("rotary", &rotary, "rotary embedding of float32 / bfloat16 heads (CPU)");
-  m.def("silu_mul", &silu_mul, "silu(gate) * up of bfloat16 [gate | up] rows (CPU)");
-  m.def("int4_unpack", &int4_unpack, "rows of a packed int4 CPU weight as bfloat16 (int4_unpack.cpp)");
-  m.def("int4_matmul_available", &int4_matmul_available, "whether int4_matmul has its vector path here");
-  m.def("int4_matmul", &int4_matmul, "x @ W.T for a packed int4 CPU weight, bfloat16 (int4_matmul.cpp)",
-        py::arg("x"), py::arg("packed"), py::arg("scale_zero"), py::arg("portable") = false);
-  m.def("decode_layers", &decode_layers, "every int4 Llama layer of a decode-only step (decode_layers.cpp)");
-  m.def("top_k_rows", &top_k_rows, "indices of each row's k largest values, float32 / bfloat16 (top_k.cpp)");
 }

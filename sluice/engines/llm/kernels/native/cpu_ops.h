@@ -1,33 +1,42 @@
-// The native CPU kernels of the LLM engine, as one extension module (cpu_ops.cpp binds them): each file
+// The native CPU kernels of the LLM engine, as one extension module (bindings.cpp binds them): each file
 // defines one concept, this header lets them call each other without a trip through Python.
+//
+// The kernels include only ATen's core headers (the tensor type, parallel_for, the few operators they call),
+// never <torch/extension.h>: that header costs ~22 s of compile time per file on two cores, these ~2-5 s,
+// and the kernels are compiled on the user's machine at the first start (kernels/native_cpu.py).
 #pragma once
 
-#include <torch/extension.h>
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS  // per-operator headers below, not all of ATen's functions
+#include <ATen/core/Tensor.h>
+#include <ATen/Parallel.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <c10/util/BFloat16.h>
 
 #include <cstdint>
 #include <vector>
 
 // cpu_ops.cpp
-torch::Tensor decode_attention(torch::Tensor query, torch::Tensor key, torch::Tensor value, torch::Tensor k_cache,
-                               torch::Tensor v_cache, torch::Tensor slots, torch::Tensor blocks, torch::Tensor lens,
+at::Tensor decode_attention(at::Tensor query, at::Tensor key, at::Tensor value, at::Tensor k_cache,
+                               at::Tensor v_cache, at::Tensor slots, at::Tensor blocks, at::Tensor lens,
                                double scale, int64_t window, double softcap);
-torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps);
-torch::Tensor rotary(torch::Tensor x, torch::Tensor cos, torch::Tensor sin);
-torch::Tensor silu_mul(torch::Tensor gate_up);
+at::Tensor rms_norm(at::Tensor x, at::Tensor weight, double eps);
+at::Tensor rotary(at::Tensor x, at::Tensor cos, at::Tensor sin);
+at::Tensor silu_mul(at::Tensor gate_up);
 
 // int4_unpack.cpp
-void int4_unpack(const torch::Tensor& packed, const torch::Tensor& scale_zero, int64_t row0, torch::Tensor& out);
+void int4_unpack(const at::Tensor& packed, const at::Tensor& scale_zero, int64_t row0, at::Tensor& out);
 
 // int4_matmul.cpp
 bool int4_matmul_available();
-torch::Tensor int4_matmul(const torch::Tensor& x, const torch::Tensor& packed, const torch::Tensor& scale_zero,
+at::Tensor int4_matmul(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scale_zero,
                           bool portable = false);
 
 // top_k.cpp
-torch::Tensor top_k_rows(const torch::Tensor& x, int64_t k);
+at::Tensor top_k_rows(const at::Tensor& x, int64_t k);
 
 // decode_layers.cpp
-torch::Tensor decode_layers(torch::Tensor h, const std::vector<std::vector<torch::Tensor>>& layers,
-                            const std::vector<std::vector<int64_t>>& sizes, const torch::Tensor& cos,
-                            const torch::Tensor& sin, const torch::Tensor& slots, const torch::Tensor& blocks,
-                            const torch::Tensor& lens, double eps, double scale);
+at::Tensor decode_layers(at::Tensor h, const std::vector<std::vector<at::Tensor>>& layers,
+                            const std::vector<std::vector<int64_t>>& sizes, const at::Tensor& cos,
+                            const at::Tensor& sin, const at::Tensor& slots, const at::Tensor& blocks,
+                            const at::Tensor& lens, double eps, double scale);

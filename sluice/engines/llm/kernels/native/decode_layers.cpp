@@ -21,18 +21,18 @@
 namespace {
 
 // x @ W.T through the int4 kernel: x as bf16 (contiguous), the padding rows cut (Int4Weight.matmul).
-torch::Tensor int4_linear(const torch::Tensor& x, const torch::Tensor& packed, const torch::Tensor& scale_zero,
+at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scale_zero,
                           int64_t rows) {
-  torch::Tensor y = int4_matmul(x.to(at::kBFloat16).contiguous(), packed, scale_zero);
+  at::Tensor y = int4_matmul(x.to(at::kBFloat16).contiguous(), packed, scale_zero);
   return y.size(1) == rows ? y : y.slice(1, 0, rows);
 }
 
 }  // namespace
 
-torch::Tensor decode_layers(torch::Tensor h, const std::vector<std::vector<torch::Tensor>>& layers,
-                            const std::vector<std::vector<int64_t>>& sizes, const torch::Tensor& cos,
-                            const torch::Tensor& sin, const torch::Tensor& slots, const torch::Tensor& blocks,
-                            const torch::Tensor& lens, double eps, double scale) {
+at::Tensor decode_layers(at::Tensor h, const std::vector<std::vector<at::Tensor>>& layers,
+                            const std::vector<std::vector<int64_t>>& sizes, const at::Tensor& cos,
+                            const at::Tensor& sin, const at::Tensor& slots, const at::Tensor& blocks,
+                            const at::Tensor& lens, double eps, double scale) {
   TORCH_CHECK(h.dim() == 2 && h.scalar_type() == at::kFloat, "decode_layers: h must be (n, hidden) float32");
   TORCH_CHECK(layers.size() == sizes.size(), "decode_layers: one sizes entry per layer");
   const int64_t n = h.size(0);
@@ -43,14 +43,14 @@ torch::Tensor decode_layers(torch::Tensor h, const std::vector<std::vector<torch
     const int64_t heads = s[0], kv_heads = s[1], d = s[2];
     const int64_t q_size = heads * d, kv_size = kv_heads * d;
     TORCH_CHECK(s[3] == q_size + 2 * kv_size, "decode_layers: layer ", i, ": qkv rows do not match the heads");
-    const torch::Tensor qkv = int4_linear(rms_norm(h, t[0], eps), t[1], t[2], s[3]);
-    const torch::Tensor qk = rotary(qkv.slice(1, 0, q_size + kv_size).view({n, heads + kv_heads, d}), cos, sin);
-    const torch::Tensor v = qkv.slice(1, q_size + kv_size, s[3]).view({n, kv_heads, d});
-    const torch::Tensor o = decode_attention(qk.slice(1, 0, heads), qk.slice(1, heads, heads + kv_heads), v, t[10],
+    const at::Tensor qkv = int4_linear(rms_norm(h, t[0], eps), t[1], t[2], s[3]);
+    const at::Tensor qk = rotary(qkv.slice(1, 0, q_size + kv_size).view({n, heads + kv_heads, d}), cos, sin);
+    const at::Tensor v = qkv.slice(1, q_size + kv_size, s[3]).view({n, kv_heads, d});
+    const at::Tensor o = decode_attention(qk.slice(1, 0, heads), qk.slice(1, heads, heads + kv_heads), v, t[10],
                                              t[11], slots, blocks, lens, scale, s[7], 0.0);
-    h = h + int4_linear(o.reshape({n, q_size}), t[3], t[4], s[4]);
-    const torch::Tensor gate_up = int4_linear(rms_norm(h, t[5], eps), t[6], t[7], s[5]);
-    h = h + int4_linear(silu_mul(gate_up), t[8], t[9], s[6]);
+    h = h.add(int4_linear(o.reshape({n, q_size}), t[3], t[4], s[4]));
+    const at::Tensor gate_up = int4_linear(rms_norm(h, t[5], eps), t[6], t[7], s[5]);
+    h = h.add(int4_linear(silu_mul(gate_up), t[8], t[9], s[6]));
   }
   return h;
 }

@@ -24,7 +24,8 @@
 // per 32 weights instead of 20, a tenth less of what a decode step streams. Same results as the (scale, 0)
 // pairs bit for bit (adding zero * sum(x) = 0 changes no float).
 
-#include <torch/extension.h>
+#include "cpu_ops.h"
+
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
 
@@ -224,7 +225,7 @@ bool int4_matmul_available() { return SLUICE_INT4_AVX512 != 0; }
 
 // x (M, K) bfloat16 @ W.T -> (M, Np) bfloat16, W in torch's packed int4 CPU layout (see the top). portable:
 // pair the bytes without VBMI even where the build has it (tests compare the two forms).
-torch::Tensor int4_matmul(const torch::Tensor& x, const torch::Tensor& packed, const torch::Tensor& scale_zero,
+at::Tensor int4_matmul(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scale_zero,
                           bool portable) {
   TORCH_CHECK(SLUICE_INT4_AVX512, "int4_matmul: this build has no AVX512-BF16 path (check int4_matmul_available)");
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.is_contiguous(),
@@ -239,7 +240,7 @@ torch::Tensor int4_matmul(const torch::Tensor& x, const torch::Tensor& packed, c
                   scale_zero.scalar_type() == at::kBFloat16 && scale_zero.is_contiguous(),
               "int4_matmul: scale_zero must be (K / 32, Np, 2) or (K / 32, Np, 1) contiguous bfloat16");
   const int64_t zs = scale_zero.size(2);
-  auto out = torch::empty({m_rows, np}, x.options());
+  auto out = at::empty({m_rows, np}, x.options());
   if (m_rows == 0) return out;
   const int64_t groups = k_size / kGroup;
   const uint16_t* xp = reinterpret_cast<const uint16_t*>(x.data_ptr<c10::BFloat16>());

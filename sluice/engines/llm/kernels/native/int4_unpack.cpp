@@ -11,7 +11,8 @@
 // scale_zero is (K / 32, Np, 2) bfloat16, or (K / 32, Np, 1) for scales only (zero points 0);
 // w = (q - 8) * scale + zero, computed in float32, rounded to bfloat16 (nearest even).
 
-#include <torch/extension.h>
+#include "cpu_ops.h"
+
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
 
@@ -68,7 +69,7 @@ void unpack_tile(const uint8_t* packed, const c10::BFloat16* sz, int64_t zs, int
 
 // Rows [row0, row0 + out.size(1)) of the weight, dequantised and transposed into out ((K, rows) bfloat16,
 // contiguous). row0 must start a tile; the rows must end on a tile or at the last row (Np).
-void int4_unpack(const torch::Tensor& packed, const torch::Tensor& scale_zero, int64_t row0, torch::Tensor& out) {
+void int4_unpack(const at::Tensor& packed, const at::Tensor& scale_zero, int64_t row0, at::Tensor& out) {
   TORCH_CHECK(packed.dim() == 2 && packed.scalar_type() == at::kByte && packed.is_contiguous(),
               "int4_unpack: packed must be (Np, K / 2) contiguous uint8");
   const int64_t np = packed.size(0), k_size = packed.size(1) * 2;

@@ -70,7 +70,7 @@ void chunk_top_k(const T* row, int64_t begin, int64_t end, int64_t k, std::vecto
 }
 
 template <typename T>
-void top_k_impl(const torch::Tensor& x, int64_t k, torch::Tensor& out) {
+void top_k_impl(const at::Tensor& x, int64_t k, at::Tensor& out) {
   const int64_t rows = x.size(0), width = x.size(1);
   const int64_t chunks = (width + kChunk - 1) / kChunk;
   const T* data = x.data_ptr<T>();
@@ -94,12 +94,12 @@ void top_k_impl(const torch::Tensor& x, int64_t k, torch::Tensor& out) {
 }  // namespace
 
 // (M, V) float32 or bfloat16 -> (M, k) int64: see the top.
-torch::Tensor top_k_rows(const torch::Tensor& x, int64_t k) {
+at::Tensor top_k_rows(const at::Tensor& x, int64_t k) {
   TORCH_CHECK(x.dim() == 2 && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
               "top_k_rows: x must be (M, V) float32 or bfloat16");
   TORCH_CHECK(k >= 1 && k <= x.size(1), "top_k_rows: k must be in 1..V");
-  const torch::Tensor xc = x.contiguous();
-  auto out = torch::empty({x.size(0), k}, x.options().dtype(at::kLong));
+  const at::Tensor xc = x.contiguous();
+  auto out = at::empty({x.size(0), k}, x.options().dtype(at::kLong));
   if (x.scalar_type() == at::kFloat)
     top_k_impl<float>(xc, k, out);
   else
