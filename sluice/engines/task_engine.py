@@ -21,6 +21,7 @@ from sluice.engines.backends.base import Backend, LoadRequest
 from sluice.engines.base import BatchEngine, EngineContext, EngineStartError, first_line
 from sluice.engines.identity import ModelSource, code_source
 from sluice.engines.model_source import disk_source
+from sluice.engines.start_log import StartLog
 from sluice.engines.tasks import registry
 from sluice.engines.tasks.base import Task, TaskContext, TaskOptions, TaskType
 from sluice.engines.tasks.engine_options import EngineTaskOptions
@@ -44,15 +45,22 @@ class TaskEngine(BatchEngine):
     # ------------------------------------------------------------------------------------ lifecycle
 
     def start(self) -> None:
-        files = self.backend.locate()
-        task = self.task_type.create(self.task_options, TaskContext(engine=self.engine_name, files=files,
-                                                                    max_batch_size=self.context.max_batch_size))
-        io = self.backend.open(LoadRequest(model_class=task.model_class, model_dir=task.model_dir,
-                                           max_tokens=task.max_tokens, max_batch_size=self.context.max_batch_size))
+        start = StartLog(f"{self.engine_name} {self.backend.model_reference() or self.options.task}")
+        with start.phase("located the model") as phase:
+            files = self.backend.locate()
+            phase.detail = str(files.model_path or files.directory or "")
+        with start.phase(f"set up task {self.options.task}"):  # tokenizer, labels, pooling: one-line errors
+            task = self.task_type.create(self.task_options, TaskContext(engine=self.engine_name, files=files,
+                                                                        max_batch_size=self.context.max_batch_size))
+        with start.phase("loaded the model"):  # an export, an int8 rewrite or an engine build log their own lines
+            io = self.backend.open(LoadRequest(model_class=task.model_class, model_dir=task.model_dir,
+                                               max_tokens=task.max_tokens, max_batch_size=self.context.max_batch_size,
+                                               trust_remote_code=self.options.trust_remote_code))
         task.bind(io)
         self.task = task
         if self.warmup:
-            self._warm_up(task)
+            with start.phase("warmed up") as phase:
+                phase.detail = self._warm_up(task)
 
     def close(self) -> None:
         self.backend.close()
@@ -101,12 +109,14 @@ class TaskEngine(BatchEngine):
 
     # ------------------------------------------------------------------------------------ internals
 
-    def _warm_up(self, task: Task) -> None:
-        """Run the model at batch 1 and at the largest batch, so the first records pay no set-up."""
+    def _warm_up(self, task: Task) -> str:
+        """Run the model at batch 1 and at the largest batch, so the first records pay no set-up; say which."""
         num_large = max(1, min(self.context.max_batch_size, WARMUP_MAX_BATCH))
+        sizes = sorted({1, num_large})
         try:
-            for size in sorted({1, num_large}):
+            for size in sizes:
                 self.infer(task.warmup_items(size))
+            return "batches of " + " and ".join(map(str, sizes))
         except EngineStartError:
             raise
         except Exception as err:

@@ -36,9 +36,10 @@ from pathlib import Path
 import torch
 
 from sluice.engines.llm.config import EngineConfig
+from sluice.engines.llm.kernels import native_cpu
 from sluice.engines.llm.kv_cache import KVCacheManager
-from sluice.engines.llm.loading import load_model, resolve_model_path
-from sluice.engines.llm.model_runner import ModelRunner
+from sluice.engines.llm.loading import describe_loaded, load_model, resolve_model_path
+from sluice.engines.llm.model_runner import ModelRunner, resolve_device_dtype
 from sluice.engines.llm.output import EngineStats, RequestOutput
 from sluice.engines.llm.output_processor import OutputProcessor
 from sluice.engines.llm.request import Request, RequestStatus, SamplingParams
@@ -49,6 +50,7 @@ from sluice.engines.llm.structured.compiler import GrammarCompiler
 from sluice.engines.llm.structured.manager import StructuredOutputManager
 from sluice.engines.llm.structured.token_table import token_table
 from sluice.engines.llm.tokenizer import ChatTokenizer
+from sluice.engines.start_log import StartLog
 
 _GRAMMAR_WAIT_S = 0.01  # a step with nothing to compute waits this long for a grammar, instead of spinning
 
@@ -71,17 +73,29 @@ class LLM:
             raise ValueError(f"unknown structured_output_backend {structured_output_backend!r}; choose one of "
                              f"{', '.join(BACKENDS)}")
         self.config = EngineConfig(**options)  # type: ignore[arg-type]
-        path = resolve_model_path(model, base_dir)
+        start = StartLog(f"llm {model}")  # a line per phase of the start, with its duration
+        with start.phase("located the model") as phase:
+            path = resolve_model_path(model, base_dir)
+            phase.detail = str(path)
         if self.config.num_threads is not None:
             torch.set_num_threads(self.config.num_threads)
-        loaded = load_model(path)
+        with start.phase("read weights and tokenizer") as phase:
+            loaded = load_model(path)
+            phase.detail = describe_loaded(loaded, path)
         model_config = self.model_config = loaded.config
         self.tokenizer: ChatTokenizer | None = loaded.tokenizer  # None: token-id prompts only
         self.max_model_len = min(
             self.config.max_model_len or model_config.max_context_len,
             model_config.max_context_len,
         )
-        self.runner = ModelRunner(model_config, loaded.tensors, self.config, self.max_model_len)
+        if resolve_device_dtype(self.config)[0].type == "cpu" and native_cpu.enabled():
+            with start.phase("native CPU kernels ready") as phase:  # compiled here at the first start (logged)
+                phase.detail = "built" if native_cpu.load() is not None else "unavailable: the torch path"
+        with start.phase("built the model", announce=f"converting {len(loaded.tensors)} tensors") as phase:
+            self.runner = ModelRunner(model_config, loaded.tensors, self.config, self.max_model_len,
+                                      progress=lambda done, total: phase.progress(done, total, "tensors"))
+            phase.detail = (f"{self.runner.device}, {self.runner.num_blocks} KV blocks of {self.config.block_size} "
+                            f"tokens, {self.max_model_len} tokens of context")
         del loaded  # the runner holds the weights it placed; the tensors as read can go
         self.kv = KVCacheManager(self.runner.num_blocks, self.config.block_size, self.config.enable_prefix_caching)
         c = self.config

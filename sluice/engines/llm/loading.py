@@ -55,3 +55,11 @@ def load_model(path: Path) -> LoadedModel:
     except ValueError:
         tokenizer = None
     return LoadedModel(config, tensors, tokenizer)
+
+
+def describe_loaded(loaded: LoadedModel, path: Path) -> str:
+    """One line for the start log: the architecture, the tensors, the files' size, the tokenizer."""
+    files = [path] if path.is_file() else [p for p in path.iterdir() if p.suffix in (".gguf", ".safetensors")]
+    size_mb = sum(f.stat().st_size for f in files) / 1e6
+    tokenizer = "a tokenizer" if loaded.tokenizer is not None else "no tokenizer"
+    return (f"{loaded.config.architecture}, {len(loaded.tensors)} tensors, {size_mb:.0f} MB, {tokenizer}")

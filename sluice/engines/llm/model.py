@@ -15,6 +15,8 @@ in fp32. Q/K/V and gate/up projections are fused into one matmul each: fewer, la
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -76,12 +78,14 @@ class CausalLM(nn.Module):
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
         weights: str = "fp32",
+        progress: Callable[[int, int], None] | None = None,
     ) -> CausalLM:
         """Build the model from Sluice-named tensors (``models/`` maps and fuses a checkpoint's names).
 
         ``weights``: the form of the projections, LM head and embeddings (``quant/policy.py``; ``fp32``: dense
         in ``dtype``). Packed forms are CPU kernels: on another device ``auto`` means dense, and the packed
-        modes are refused. Consumes ``tensors`` (the dict is emptied, one tensor at a time) so that no second
+        modes are refused. ``progress(done, total)`` is called before each tensor is converted. Consumes
+        ``tensors`` (the dict is emptied, one tensor at a time) so that no second
         copy of the weights stays alive.
         """
         from sluice.engines.llm.models.registry import family_named
@@ -106,7 +110,10 @@ class CausalLM(nn.Module):
         state: dict[str, torch.Tensor] = {}
         packed: dict[str, Materialized] = {}  # module name -> its packed weight
         exact_head: GGUFRows | None = None  # the LM head's own rows, when its packed logits are rescored
-        for name in list(tensors):
+        num_tensors = len(tensors)
+        for done, name in enumerate(list(tensors)):
+            if progress is not None:
+                progress(done, num_tensors)
             release_freed_memory()  # the previous matrix's temporaries: see quant/heap.py
             source = tensors.pop(name)
             module_name, _, param = name.rpartition(".")

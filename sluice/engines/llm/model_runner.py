@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -90,11 +91,13 @@ class ModelRunner:
         tensors: dict[str, Source],
         engine_config: EngineConfig,
         max_model_len: int,
+        progress: Callable[[int, int], None] | None = None,
     ) -> None:
+        """``progress(done, total)``: called after each tensor converted (the start log's progress lines)."""
         self.device, self.dtype = resolve_device_dtype(engine_config)
         self.block_size = engine_config.block_size
         self.model = CausalLM.from_weights(model_config, tensors, max_model_len, self.dtype, self.device,
-                                           engine_config.weights)  # fmt: skip
+                                           engine_config.weights, progress=progress)  # fmt: skip
         self.has_packed_weights = any(isinstance(m, PACKED_MODULES) for m in self.model.modules())
         self.kv_dtype = kv_cache_dtype(engine_config, self.dtype, self.has_packed_weights, self.device)
         if self.has_packed_weights and self.kv_dtype == torch.bfloat16:
