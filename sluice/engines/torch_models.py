@@ -17,11 +17,16 @@ from sluice.engines.base import EngineStartError, first_line
 _ENGINE = "engine torch"
 
 
-def load_hf_model(model_dir: Path, model_class: ModelClass, attn_implementation: str | None = None) -> Any:
+def load_hf_model(model_dir: Path, model_class: ModelClass, attn_implementation: str | None = None,
+                  trust_remote_code: bool = False) -> Any:
     """The Hugging Face model in ``model_dir`` (``config.json`` + safetensors) with ``model_class``'s head.
 
     Offline only. A checkpoint that lacks weights of that head (an encoder loaded as a classifier, whose
     head transformers would fill with random numbers) is a start-up error, not a silently wrong model.
+
+    The directory's own Python files (``auto_map`` in config.json) run only with ``trust_remote_code``; without
+    it a model whose type transformers has built in loads with that class, and any other is refused in one
+    line naming the option. transformers is never left to ask on a terminal.
     """
     if not (model_dir / "config.json").is_file():
         raise EngineStartError(f"{_ENGINE}: no config.json in {model_dir}; 'model' must be a known model name "
@@ -31,6 +36,10 @@ def load_hf_model(model_dir: Path, model_class: ModelClass, attn_implementation:
         from transformers.utils import logging as hf_logging
     except ImportError:
         raise EngineStartError(f"{_ENGINE}: Hugging Face models need transformers (pip install 'sluice[torch]')") from None
+    if not trust_remote_code:
+        refusal = custom_code_refusal(model_dir)
+        if refusal is not None:
+            raise EngineStartError(refusal)
     auto_class = getattr(transformers, model_class.auto_class)
     hf_logging.disable_progress_bar()
     verbosity = hf_logging.get_verbosity()
@@ -40,7 +49,7 @@ def load_hf_model(model_dir: Path, model_class: ModelClass, attn_implementation:
             warnings.simplefilter("ignore")
             extra = {"attn_implementation": attn_implementation} if attn_implementation else {}
             model, info = auto_class.from_pretrained(str(model_dir), local_files_only=True, output_loading_info=True,
-                                                     **extra)
+                                                     trust_remote_code=trust_remote_code, **extra)
     except Exception as err:  # transformers raises OSError/ValueError/... with long messages
         raise EngineStartError(f"{_ENGINE}: cannot load the model in {model_dir}: {first_line(err)}") from None
     finally:
@@ -50,7 +59,50 @@ def load_hf_model(model_dir: Path, model_class: ModelClass, attn_implementation:
         raise EngineStartError(f"{_ENGINE}: {model_dir} has no weights for {', '.join(missing[:3])}"
                                f"{' ...' if len(missing) > 3 else ''}: it is not a {model_class.value} model "
                                f"({model_class.auto_class} would fill them with random values)")
+    if model_class is ModelClass.SEQUENCE_CLASSIFICATION and getattr(model.config, "pad_token_id", None) is None \
+            and _finds_last_token_by_padding(model):
+        raise EngineStartError(f"{_ENGINE}: {model_dir / 'config.json'} has no pad_token_id, by which a "
+                               f"{type(model).__name__} finds each text's last token: it cannot classify a batch "
+                               "of texts of different lengths; set pad_token_id there (the tokenizer's pad token id)")
     return model.eval()
+
+
+def _finds_last_token_by_padding(model: Any) -> bool:
+    """Whether the model's head reads the text's last token where ``input_ids`` stops being padding (decoder
+    classifiers: Llama, Qwen, Mistral...), which transformers cannot do for a batch without ``pad_token_id``;
+    encoder classifiers read a first token and never look at padding ids."""
+    import inspect
+
+    try:
+        return "pad_token_id" in inspect.getsource(type(model).forward)
+    except (OSError, TypeError):  # no source (a compiled or frozen class): assume it does not
+        return False
+
+
+def custom_code_refusal(model_dir: Path) -> str | None:
+    """One line refusing ``model_dir`` when loading it would need its own Python files (config.json names them
+    in ``auto_map``, and transformers has no built-in class for its ``model_type``); None otherwise."""
+    from sluice.engines.tasks.model_config import read_json
+
+    config = read_json(model_dir / "config.json")
+    auto_map = config.get("auto_map")
+    model_type = config.get("model_type")
+    try:
+        from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+        built_in = isinstance(model_type, str) and model_type in CONFIG_MAPPING
+    except ImportError:  # no transformers (an onnx-only install): only the directory's code could load it
+        built_in = False
+    if built_in:
+        return None  # transformers' own class loads it; the directory's code is not run
+    if not auto_map:
+        return None  # transformers names the unknown model type itself
+    files = sorted({str(ref).split("--")[-1].split(".")[0] + ".py"
+                    for ref in (auto_map.values() if isinstance(auto_map, dict) else [])
+                    if isinstance(ref, str)})  # fmt: skip
+    return (f"{model_dir} is a model with its own code ({', '.join(files) or 'auto_map in config.json'}, model "
+            f"type {model_type!r}), which Sluice does not run unless the pipeline says so: review that code, then "
+            "set engine.trust_remote_code: true (sluice models export: --trust-remote-code)")
 
 
 def load_factory(spec: str, kwargs: dict[str, Any]) -> Any:

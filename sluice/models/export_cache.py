@@ -48,8 +48,16 @@ def content_key(model_dir: Path, model_class: ModelClass) -> str:
     return digest.hexdigest()[:24]
 
 
-def exported_onnx(model_dir: Path, model_class: ModelClass, cache_dir: Path | None = None) -> Path:
-    """The ONNX export of ``model_dir`` for ``model_class``: from the cache, else exported now and cached."""
+def exported_onnx(model_dir: Path, model_class: ModelClass, cache_dir: Path | None = None,
+                  trust_remote_code: bool = False) -> Path:
+    """The ONNX export of ``model_dir`` for ``model_class``: from the cache, else exported now and cached.
+    ``trust_remote_code``: the export may run the directory's own Python files (``engine.trust_remote_code``)."""
+    if not trust_remote_code:  # the same answer whether an export made with the code is cached or not
+        from sluice.engines.torch_models import custom_code_refusal
+
+        refusal = custom_code_refusal(model_dir)
+        if refusal is not None:
+            raise ModelError(refusal)
     root = (cache_dir if cache_dir is not None else default_cache_dir() / "exports")
     target = root / f"{model_dir.resolve().name}-{model_class.value}-{content_key(model_dir, model_class)}"
     onnx_path = target / "model.onnx"
@@ -64,7 +72,7 @@ def exported_onnx(model_dir: Path, model_class: ModelClass, cache_dir: Path | No
     log.info("exporting %s to ONNX for its %s head (once: the export is cached at %s)", model_dir,
              model_class.value, target)
     try:
-        seconds = _export(model_dir, staging / "model.onnx", model_class)
+        seconds = _export(model_dir, staging / "model.onnx", model_class, trust_remote_code)
         try:
             os.rename(staging, target)
         except OSError:
@@ -76,11 +84,11 @@ def exported_onnx(model_dir: Path, model_class: ModelClass, cache_dir: Path | No
     return onnx_path
 
 
-def _export(model_dir: Path, onnx_path: Path, model_class: ModelClass) -> float:
+def _export(model_dir: Path, onnx_path: Path, model_class: ModelClass, trust_remote_code: bool) -> float:
     from sluice.models.export import ExportUnavailable, export_to_onnx
 
     try:
-        return export_to_onnx(model_dir, onnx_path, model_class)
+        return export_to_onnx(model_dir, onnx_path, model_class, trust_remote_code=trust_remote_code)
     except ExportUnavailable as err:
         raise ModelError(f"{err}; or export it where torch is installed (sluice models export {model_dir} "
                          "--task TASK) and point 'model' at the result") from None

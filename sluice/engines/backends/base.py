@@ -103,6 +103,7 @@ class LoadRequest:
     model_dir: Path | None  # the Hugging Face directory holding that model (config.json, weights), if any
     max_tokens: int | None  # longest (batch, tokens) row a batch can have; None when inputs are not tokens
     max_batch_size: int
+    trust_remote_code: bool = False  # engine.trust_remote_code: run Python files of the model directory
 
 
 class Backend(ABC):

@@ -65,7 +65,8 @@ def onnx_file(files: ModelFiles, request: LoadRequest, export_cache_dir: str | N
         if not cache_dir.is_absolute():
             cache_dir = Path(context.pipeline_dir) / cache_dir
     try:
-        return exported_onnx(request.model_dir, request.model_class, cache_dir=cache_dir)
+        return exported_onnx(request.model_dir, request.model_class, cache_dir=cache_dir,
+                             trust_remote_code=request.trust_remote_code)
     except ModelError as err:
         raise EngineStartError(str(err)) from None
 

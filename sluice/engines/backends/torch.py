@@ -110,7 +110,8 @@ class TorchBackend(Backend):
     def _load_hf(self, request: LoadRequest) -> tuple[Any, ModelIO]:
         if request.model_class is ModelClass.ANY or request.model_dir is None:
             raise EngineStartError("engine torch: task raw runs a factory, torchscript or exported module")
-        model = torch_models.load_hf_model(request.model_dir, request.model_class)
+        model = torch_models.load_hf_model(request.model_dir, request.model_class,
+                                           trust_remote_code=request.trust_remote_code)
         accepted = set(inspect.signature(model.forward).parameters)
         # Segment ids only where the model has segments to tell apart (BERT: 2; RoBERTa-style: 1).
         segments = int(getattr(model.config, "type_vocab_size", 0) or 0) > 1

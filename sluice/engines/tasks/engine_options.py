@@ -21,6 +21,9 @@ class EngineTaskOptions(tasks.task_fields()):  # type: ignore[misc]  # a class m
 
     text_only: ClassVar[bool] = False
     warmup: bool = True  # run the model at batch 1 and at the largest batch before consuming
+    # Run Python files of a Hugging Face model directory (its config.json's auto_map) to load it. Off: such a
+    # directory is refused in one line, unless transformers has the model's type built in (then that loads).
+    trust_remote_code: bool = False
     _task_options: Any = PrivateAttr(default=None)
 
     @field_validator("task")
