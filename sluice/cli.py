@@ -1,21 +1,27 @@
 """The ``sluice`` command line: run | validate | reload | models.
 
-Every user error is one or a few lines on stderr and a non-zero exit code, never a traceback.
+Every error is one line on stderr and a non-zero exit code, in every command and every phase of a start; a
+failure no command foresaw too (``--debug`` prints its traceback above the line). SIGINT / SIGTERM before a
+pipeline runs (a model load, a fetch) stop at once with one line and exit code 130 / 143.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import signal
 import sys
-from collections.abc import Sequence
+import threading
+import traceback
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
 
 from sluice import __version__
 from sluice.config import ConfigError, LoadedPipeline, load_pipeline
+from sluice.engines.base import first_line
 
 if TYPE_CHECKING:
     from sluice.operator.reload.pid_file import PidFile
@@ -33,21 +39,85 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not hasattr(args, "handler"):
         parser.print_help()
         return EXIT_USAGE
+    with _interruptible():
+        try:
+            code: int = args.handler(args)
+            return code
+        except Interrupted as stop:
+            print(f"sluice: stopped by {signal.Signals(stop.signum).name}{stop.during}", file=sys.stderr)
+            return 128 + stop.signum
+        except KeyboardInterrupt:
+            print("sluice: interrupted", file=sys.stderr)
+            return 128 + signal.SIGINT
+        except Exception as err:  # a failure no command foresaw: still one line, the traceback on request
+            _fail(args, f"{type(err).__name__}: {first_line(err)}", err)
+            return EXIT_FAILED
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM before a command has its own handlers (a model load, a fetch, an export): the command
+    stops where it is, with one line and exit code 128 + the signal's number (130, 143)."""
+
+    def __init__(self, signum: int, during: str = "") -> None:
+        super().__init__(signum)
+        self.signum = signum
+        self.during = during  # " while starting; nothing was consumed", say
+
+
+@contextlib.contextmanager
+def _interruptible() -> Iterator[None]:
+    """SIGINT and SIGTERM raise :class:`Interrupted` in the main thread until the command replaces them
+    (``sluice run`` does once its pipeline runs: they then drain and stop it)."""
+    if threading.current_thread() is not threading.main_thread():  # main() called from a thread (tests)
+        yield
+        return
+
+    def interrupt(signum: int, _frame: FrameType | None) -> None:
+        raise Interrupted(signum)
+
+    previous = {signum: signal.signal(signum, interrupt) for signum in (signal.SIGINT, signal.SIGTERM)}
     try:
-        code: int = args.handler(args)
-        return code
-    except KeyboardInterrupt:
-        return 130
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def _fail(args: argparse.Namespace, message: str, err: BaseException | None) -> None:
+    """The one line of a failed command; with ``--debug``, the traceback of what caused it above it."""
+    cause = err.__cause__ if err is not None and err.__cause__ is not None else err
+    debug = bool(getattr(args, "debug", False))
+    if debug and cause is not None:
+        traceback.print_exception(cause)
+    hint = " (--debug shows the traceback)" if cause is not None and not debug else ""
+    print(f"sluice: error: {message}{hint}", file=sys.stderr)
+
+
+def _common_options(parser: argparse.ArgumentParser, top: bool) -> None:
+    """``--log-level`` and ``--debug``, accepted before the command and after it (a subcommand's copy has no
+    default, so it never overwrites what was given before the command)."""
+    parser.add_argument("--log-level", choices=["debug", "info", "warning", "error"],
+                        default="info" if top else argparse.SUPPRESS, help="what the log shows (default: info)")
+    parser.add_argument("--debug", action="store_true", default=False if top else argparse.SUPPRESS,
+                        help="on an error, print its traceback above the one line")
+
+
+def common_parent() -> argparse.ArgumentParser:
+    """A parent parser giving a subcommand ``--log-level`` and ``--debug`` (``parents=[common_parent()]``)."""
+    parent = argparse.ArgumentParser(add_help=False)
+    _common_options(parent, top=False)
+    return parent
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sluice", description="Streaming inference operator: "
                                      "Kafka topic in -> micro-batches -> model -> Kafka topic out.")
     parser.add_argument("--version", action="version", version=f"sluice {__version__}")
-    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    _common_options(parser, top=True)
     sub = parser.add_subparsers(title="commands", metavar="COMMAND")
+    common = [common_parent()]
 
-    run = sub.add_parser("run", help="run a pipeline until SIGINT/SIGTERM",
+    run = sub.add_parser("run", help="run a pipeline until SIGINT/SIGTERM", parents=common,
                          description="Run a pipeline. SIGINT/SIGTERM stops intake, drains in-flight batches, "
                                      "commits what is done and exits 0. SIGHUP (or 'sluice reload') loads the "
                                      "model again beside the serving one and switches to it between two batches.")
@@ -62,7 +132,7 @@ def _parser() -> argparse.ArgumentParser:
                           "left for the next run. A file source always ends this way")
     run.set_defaults(handler=_run)
 
-    validate = sub.add_parser("validate", help="check a pipeline file without running it",
+    validate = sub.add_parser("validate", help="check a pipeline file without running it", parents=common,
                               description="Check a pipeline file: YAML syntax, keys, types, environment "
                                           "variables. Exit 0 when valid, 1 otherwise.")
     validate.add_argument("pipeline", type=Path, help="pipeline YAML file")
@@ -70,13 +140,13 @@ def _parser() -> argparse.ArgumentParser:
 
     from sluice.operator.reload.command import add_parser as add_reload
 
-    add_reload(sub)
+    add_reload(sub, common)
     try:
         from sluice.models.cli import add_parser as add_models
     except ImportError:  # models support not installed
         pass
     else:
-        add_models(sub)
+        add_models(sub, common)
     return parser
 
 
@@ -118,19 +188,24 @@ def _model_warnings(loaded: LoadedPipeline) -> list[str]:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from sluice.operator.build import StartError, build_runner
-
     loaded = _load(args.pipeline)
     if loaded is None:
         return EXIT_FAILED
+    p = loaded.pipeline
+    log.info("sluice %s: starting pipeline %s (%s -> %s -> %s)", __version__, p.name, p.source.describe(),
+             p.engine.type, p.sink.destination)
     for warning in loaded.warnings:
         log.warning("%s: %s", args.pipeline, warning)
+    from sluice.operator.build import StartError, build_runner
+
     try:
         runner, engine = build_runner(loaded, max_records=args.max_records, idle_exit_s=args.idle_exit,
                                       until_end=args.until_end)
     except StartError as err:
-        print(f"sluice: cannot start: {err}", file=sys.stderr)
+        _fail(args, f"cannot start: {err}", err.__cause__)
         return EXIT_FAILED
+    except Interrupted as stop:
+        raise Interrupted(stop.signum, " while starting; nothing was consumed") from None
 
     def on_signal(signum: int, _: FrameType | None) -> None:
         log.info("%s received: draining and stopping", signal.Signals(signum).name)

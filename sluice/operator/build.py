@@ -57,12 +57,12 @@ def _build(loaded: LoadedPipeline, start: Callable[[BatchEngine | ContinuousEngi
     try:
         engine: BatchEngine | ContinuousEngine = engine_type.factory(loaded.engine_options, context)
         start(engine)
-    except EngineStartError as err:
-        raise StartError(f"engine '{p.engine.type}': {err}") from None
+    except EngineStartError as err:  # "engine 'torch': <its line>", once, whether the line names the engine or not
+        raise StartError(f"engine '{p.engine.type}': {str(err).removeprefix(f'engine {p.engine.type}: ')}") from None
     except Exception as err:  # an engine (or a user's module it imports) failing in a way it did not foresee
         log.debug("engine '%s' failed to start", p.engine.type, exc_info=True)
-        raise StartError(f"engine '{p.engine.type}' failed to start: {type(err).__name__}: {first_line(err)} "
-                         "(--log-level debug shows where)") from None
+        raise StartError(f"engine '{p.engine.type}' failed to start: {type(err).__name__}: {first_line(err)}"
+                         ) from err  # the cause: ``sluice run --debug`` prints its traceback
     return engine
 
 

@@ -58,6 +58,15 @@ class GGUFFile:
         self._view = memoryview(self._map)  # type: ignore[arg-type]
         if bytes(self._view[:4]) != b"GGUF":
             raise ValueError(f"{self.path.name} is not a GGUF file (no GGUF magic)")
+        try:
+            self._parse()
+        except (struct.error, UnicodeDecodeError, ValueError) as err:  # numpy: ValueError past the end
+            if isinstance(err, ValueError) and "GGUF" in str(err):
+                raise
+            raise ValueError(f"{self.path.name} is not a complete GGUF file ({err}): truncated or corrupt; "
+                             "copy or download it again") from None
+
+    def _parse(self) -> None:
         version, num_tensors, num_kv = struct.unpack_from("<IQQ", self._view, 4)
         if version not in (2, 3):
             raise ValueError(f"{self.path.name}: GGUF version {version} is not supported (2 and 3 are)")

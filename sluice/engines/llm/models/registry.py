@@ -49,7 +49,9 @@ def family_for_hf(cfg: dict[str, Any]) -> ModelFamily:
         if model_type in family.hf_model_types:
             return family
     what = f"architecture {archs[0]!r}" if archs else f"model_type {model_type!r}"
-    raise ValueError(f"{what} is not supported; supported architectures: {supported_hf()}")
+    custom = (" (the llm engine runs its own implementation of each family, never a model directory's code)"
+              if cfg.get("auto_map") else "")
+    raise ValueError(f"{what} is not supported{custom}; supported architectures: {supported_hf()}")
 
 
 def family_for_gguf(architecture: str) -> ModelFamily:
