@@ -4,6 +4,7 @@ promises the Kubernetes manifests rely on: non-root, the model cache on a volume
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -75,3 +76,24 @@ def test_the_deployment_runs_the_image_as_it_was_built() -> None:
     assert {"/var/cache/sluice", "/etc/sluice"} <= mounts
     exposed = {args for word, args in final if word == "EXPOSE"}
     assert {str(p["containerPort"]) for p in container["ports"]} <= exposed
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
+def test_the_image_installs_the_pinned_dependencies_then_the_wheel_with_the_install_script(dockerfile: Path) -> None:
+    """deploy/install.sh, as CI runs it (tests/deploy/test_installed_wheel.py): the dependencies at the versions
+    in constraints/ in a layer of their own, before anything of Sluice's code, then Sluice's wheel -- so a code
+    change rebuilds and ships a layer of a few hundred KB, not the environment."""
+    final = _instructions(dockerfile)
+    steps = [(word, args) for word, args in final if word in ("COPY", "RUN")]
+    deps = next(i for i, (word, args) in enumerate(steps) if word == "RUN" and "install.sh" in args
+                and "--deps-only" in args)
+    wheel_copy = next(i for i, (word, args) in enumerate(steps) if word == "COPY" and args.startswith("--from=wheel"))
+    sluice = next(i for i, (word, args) in enumerate(steps) if word == "RUN" and "install.sh" in args
+                  and "--sluice-only" in args and "--wheel" in args)
+    assert deps < wheel_copy < sluice
+    copied_first = " ".join(args for word, args in steps[:deps] if word == "COPY")
+    assert "constraints/main.txt" in copied_first and "deploy/install.sh" in copied_first
+    assert not re.search(r"(^|\s)sluice(\s|$)", copied_first), "the source must not be copied before the deps"
+    ignore = (DOCKER_DIR / f"{dockerfile.name}.dockerignore").read_text().splitlines()
+    assert {"!deploy/install.sh", "!constraints/main.txt", "!sluice/"} <= set(ignore)
+    assert "--extras" in steps[deps][1] and steps[deps][1].split("--extras")[1].split()[0] in steps[sluice][1]
