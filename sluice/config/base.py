@@ -8,7 +8,7 @@ from pydantic import BaseModel, ConfigDict
 class Section(BaseModel):
     """Base of every section: an unknown key is an error (a misspelt option is never silently ignored)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
 
 def check_import_path(value: str) -> None:

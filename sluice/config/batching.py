@@ -11,16 +11,19 @@ from sluice.config.base import Section
 
 class Batching(Section):
     max_batch_size: int = Field(default=32, ge=1, le=100_000)
+    """A batch never holds more records."""
     max_queue_delay_ms: float = Field(default=10.0, ge=0, le=600_000)
-    bucket_by: Literal["none", "tokens"] = "none"  # tokens: group records of similar length
-    max_batch_tokens: int | None = Field(default=None, ge=1)  # cap on batch size x padded length
-    # Width of a length bucket when bucket_by is tokens: records whose lengths round up to the same
-    # multiple of this share a batch.
+    """How long a record may wait for its batch to fill while the engine is idle."""
+    bucket_by: Literal["none", "tokens"] = "none"
+    """`tokens`: batch records of similar length together (the engine tells the length), so short texts are
+    not padded to long ones."""
+    max_batch_tokens: int | None = Field(default=None, ge=1)
+    """A cap on a batch's records times its longest length."""
     bucket_width: int = Field(default=16, ge=1)
-    # Adaptive mode: the latency (queue wait + service) records should stay under. Sluice then learns the
-    # engine's service time and the arrival rate and chooses each batch's size (up to max_batch_size);
-    # max_queue_delay_ms is not used.
+    """With `bucket_by: tokens`, lengths that round up to the same multiple of this share a bucket."""
     latency_target_ms: float | None = Field(default=None, gt=0)
+    """Adaptive batching: Sluice learns the engine's time and the arrival rate and chooses each batch's size
+    and wait to keep queue wait plus engine time under this (`max_batch_size` stays the upper bound)."""
 
     @property
     def max_delay_s(self) -> float:

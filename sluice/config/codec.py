@@ -15,16 +15,23 @@ class BasicAuth(Section):
     """HTTP basic authentication to a Schema Registry (an API key and secret on Confluent Cloud)."""
 
     username: str = Field(min_length=1)
-    password: SecretStr  # write ${SCHEMA_REGISTRY_PASSWORD}: from the environment, not the file
+    """The registry user name (or API key)."""
+    password: SecretStr
+    """The registry password (or API secret); write `${SCHEMA_REGISTRY_PASSWORD}` to take it from the
+    environment."""
 
 
 class RegistryTls(Section):
     """TLS to the Schema Registry (an https URL). Leave out ``ca_location`` to trust the system's CAs."""
 
     ca_location: str | None = None  # PEM file of the CA that signed the registry's certificate
-    certificate_location: str | None = None  # client certificate (mutual TLS), PEM
-    key_location: str | None = None  # its private key, PEM
-    key_password: SecretStr | None = None  # if that key is encrypted
+    """PEM file of the CA that signed the registry's certificate."""
+    certificate_location: str | None = None
+    """The client certificate, PEM (mutual TLS)."""
+    key_location: str | None = None
+    """The client certificate's private key, PEM."""
+    key_password: SecretStr | None = None
+    """The private key's password, if it is encrypted."""
 
     @model_validator(mode="after")
     def _pair(self) -> RegistryTls:
@@ -36,13 +43,18 @@ class RegistryTls(Section):
 class SchemaRegistry(Section):
     """A Confluent-compatible Schema Registry, for the avro, protobuf and json_schema formats."""
 
-    url: str = Field(min_length=1)  # http(s)://host:port[/path]; several, comma-separated, are tried in turn
+    url: str = Field(min_length=1)
+    """`http(s)://host:port[/path]`; several, comma-separated, are tried in turn."""
     basic_auth: BasicAuth | None = None
+    """HTTP basic authentication: `username`, `password`."""
     tls: RegistryTls | None = None
-    request_timeout_s: float = Field(default=10.0, gt=0, le=300)  # one HTTP request; a hung call never blocks
-    # How long Sluice keeps retrying (with backoff) while the registry is down, slow or refuses the
-    # credentials; the partitions waiting on it stay paused and uncommitted. Past this the operator stops.
+    """TLS for the registry: a CA file, a client certificate and key."""
+    request_timeout_s: float = Field(default=10.0, gt=0, le=300)
+    """The longest one HTTP request to the registry may take."""
     max_outage_s: float = Field(default=300.0, gt=0)
+    """How long Sluice keeps retrying (with backoff) while the registry is down, slow or refuses the
+    credentials; the partitions waiting on it stay paused and nothing past them is committed. Past it the
+    pipeline stops."""
 
     @field_validator("url")
     @classmethod
@@ -57,18 +69,19 @@ class Codec(Section):
     # openai-batch: lines of OpenAI's batch API ({"custom_id", "method", "url", "body"}) for the llm engine,
     # answered with lines as OpenAI's batch output file has them (sluice/schemas/openai_batch.py)
     format: Literal["json", "raw", "avro", "protobuf", "json_schema", "openai-batch"] = "json"
-    # Dotted path of the model input inside a JSON record (e.g. "review.text"), or "." for the whole
-    # record (an LLM prompt template filling several fields, say). Ignored for raw records, whose whole
-    # value (UTF-8) is the input. For avro, protobuf and json_schema: a path into the decoded record.
+    """`json`: a JSON object per record; `raw`: the UTF-8 value is the input; `avro`, `protobuf`,
+    `json_schema`: Schema Registry framing; `openai-batch`: OpenAI's batch request lines (the `llm`
+    engine)."""
     input_field: str = Field(default="text", min_length=1)
-    # Bounds on one record, checked before decoding: a record over either is dead-lettered with the reason.
-    # 4 MiB is four times Kafka's default message size; the depth bound keeps every recursive step after
-    # decoding (encoding the output, the engine's own code) far from Python's recursion limit.
+    """Dotted path of the model's input in a JSON record; `.` for the whole record."""
     max_record_bytes: int = Field(default=4 * 1024 * 1024, ge=1)
+    """A larger record is dead-lettered unread."""
     max_depth: int = Field(default=128, ge=1, le=512)
-    schema_registry: SchemaRegistry | None = None  # required by avro, protobuf and json_schema
-    # protobuf: the generated message class of the input records, "package.module_pb2:Message"
+    """A JSON record nested deeper is dead-lettered before it is decoded."""
+    schema_registry: SchemaRegistry | None = None
+    """The Schema Registry the `avro`, `protobuf` and `json_schema` formats need."""
     message_type: str | None = None
+    """`protobuf`: the input's generated class, `package.module_pb2:Message`."""
 
     @model_validator(mode="after")
     def _registry_formats(self) -> Codec:

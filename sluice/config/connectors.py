@@ -4,7 +4,7 @@ Each section validates on its own; here one section's choice rules out another's
 the YAML path of the setting to change, and says what to do instead:
 
 * ``delivery: exactly_once`` needs Kafka on both sides: its transactions commit the consumer's offsets with
-  the outputs. A file source or sink is at-least-once, resumable from its checkpoint (README);
+  the outputs. A file source or sink is at-least-once, resumable from its checkpoint (docs/bounded-runs.md);
 * ``dead_letter``: a ``topic`` with a Kafka sink, a ``path`` (or the default beside the output) with a file
   sink;
 * a file source feeding a Kafka topic keeps its checkpoint where ``source.file.checkpoint`` says (there is
@@ -55,7 +55,7 @@ def _delivery(p: Pipeline, found: list[Problem]) -> None:
     if p.delivery == "exactly_once" and (p.source.kafka is None or p.sink.kafka is None):
         found.append((("delivery",), "exactly_once needs a Kafka source and a Kafka sink (a transaction commits the "
                                      "consumer's offsets with the outputs); with files, use at_least_once: a file run "
-                                     "resumes from its checkpoint (README, 'Bounded runs')"))
+                                     "resumes from its checkpoint (docs/bounded-runs.md)"))
 
 
 def _dead_letter(p: Pipeline, found: list[Problem]) -> None:

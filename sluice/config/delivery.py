@@ -8,22 +8,30 @@ from sluice.config.base import Section
 
 
 class Runtime(Section):
-    drain_timeout_s: float = Field(default=30.0, gt=0)  # SIGTERM: finish in-flight work within this
-    max_in_flight: int = Field(default=10_000, ge=1)  # records between poll and delivery report
-    commit_interval_ms: int = Field(default=1000, ge=10)  # how often stored offsets are committed
+    drain_timeout_s: float = Field(default=30.0, gt=0)
+    """On SIGTERM, the time to finish in-flight batches before exiting."""
+    max_in_flight: int = Field(default=10_000, ge=1)
+    """Records between poll and delivery; a partition over its share of it is paused (and still polled)."""
+    commit_interval_ms: int = Field(default=1000, ge=10)
+    """How often the completed-offset watermark is committed."""
 
 
 class ExactlyOnce(Section):
     """Settings of ``delivery: exactly_once`` (a transactional producer, offsets inside the transaction)."""
 
-    # Must be unique per running process and stable across its restarts (so a restart fences its zombie
-    # and aborts the transaction it left open). Default: sluice-<group_id>-<hostname>-<slot>, the slot being
-    # the lowest free one among this group's processes on the host (sluice/operator/instance.py).
     transactional_id: str | None = Field(default=None, min_length=1)
-    transaction_interval_ms: int = Field(default=500, ge=10)  # commit at least this often...
-    transaction_max_batches: int = Field(default=64, ge=1)  # ...or after this many batches
-    transaction_timeout_ms: int = Field(default=60_000, ge=1000)  # the broker aborts a transaction open longer
-    max_batch_time_s: float = Field(default=10.0, gt=0)  # the longest one engine batch may take
+    """Unique per running process and stable across its restarts (default:
+    `sluice-<group_id>-<hostname>-<slot>`, each process on a host holding the lowest free slot). Set it
+    only where two hosts share a hostname."""
+    transaction_interval_ms: int = Field(default=500, ge=10)
+    """A transaction commits at least this often (an interval in which nothing happened commits nothing)."""
+    transaction_max_batches: int = Field(default=64, ge=1)
+    """...or after this many batches."""
+    transaction_timeout_ms: int = Field(default=60_000, ge=1000)
+    """The broker aborts a transaction open this long; must exceed the interval plus twice `max_batch_time_s`
+    (checked by `sluice validate`)."""
+    max_batch_time_s: float = Field(default=10.0, gt=0)
+    """The longest one engine batch may take."""
 
     @model_validator(mode="after")
     def _fits_in_timeout(self) -> ExactlyOnce:

@@ -18,23 +18,26 @@ from sluice.engines import registry
 class Reload(Section):
     """``engine.reload``: load a new version of the model beside the running one, then switch."""
 
-    watch: bool = False  # poll the model path and reload when what is there changes
-    poll_interval_s: float = Field(default=30.0, gt=0)  # how often to look (a few stat calls)
-    # A change is loaded once the model has stayed unchanged this long (a copy written in place is not
-    # loaded half-written; an atomic swap -- rename, symlink -- settles at the next look).
+    watch: bool = False
+    """Poll the model's path and load a new version beside the serving one when it changes."""
+    poll_interval_s: float = Field(default=30.0, gt=0)
+    """How often the path is looked at (a few `stat` calls)."""
     settle_s: float = Field(default=1.0, ge=0)
-    check_memory: bool = True  # refuse a reload that does not fit beside the running engine
+    """A change is loaded once the model has stayed unchanged this long."""
+    check_memory: bool = True
+    """Refuse a reload when a second engine would not fit (host RAM, the cgroup limit, device memory)."""
 
 
 class EngineSection(BaseModel):
     """``engine: {type: NAME, ...options}``; the options are validated by the engine type's own model."""
 
-    model_config = ConfigDict(extra="allow", frozen=True, protected_namespaces=())
+    model_config = ConfigDict(extra="allow", frozen=True, protected_namespaces=(), use_attribute_docstrings=True)
     type: str
-    # The model's name in the sluice.model header and metrics; default: from engine.model (a known model's
-    # name, a file's or directory's name) or the function's import path.
+    """The engine: `python`, `onnx`, `torch`, `tensorrt` or `llm`. Its options sit beside `type`."""
     model_name: str | None = Field(default=None, min_length=1, max_length=200)
+    """The model's name in the `sluice.model` output header and in metrics (default: from `model`)."""
     reload: Reload = Field(default_factory=Reload)
+    """Load a new version of the model while the pipeline runs."""
 
     @field_validator("type")
     @classmethod

@@ -1,7 +1,7 @@
 """``source.file`` and ``sink.file``: JSON-lines and Parquet files on a local disk (sluice/connectors/files/).
 
 Paths are relative to the pipeline file's directory. A file run is bounded: it ends once every input row
-has its output, and it resumes from its checkpoint after SIGTERM or a crash (at-least-once, README).
+has its output, and it resumes from its checkpoint after SIGTERM or a crash (at-least-once, docs/bounded-runs.md).
 """
 
 from __future__ import annotations
@@ -27,13 +27,14 @@ class FileSource(Section):
     # A file or a glob ("corpus/*.parquet", "logs/**/*.jsonl"); matching files are read one after another,
     # in name order, each up to the size it had when the run started.
     path: str = Field(min_length=1)
-    format: FileFormat | None = None  # default: from the extension
-    # Rows read at a time: a Parquet record batch, or JSON lines; never a whole file.
+    """A JSON-lines or Parquet file, or a glob of them."""
+    format: FileFormat | None = None
+    """`jsonl` or `parquet` (default: from the extension)."""
     batch_rows: int = Field(default=1024, ge=1, le=1_000_000)
-    # The state file that says how far the inputs are done (written atomically every
-    # runtime.commit_interval_ms). Default: beside sink.file's output, as <output>.checkpoint; required
-    # when the sink is a Kafka topic.
+    """Rows read at a time: a Parquet record batch, or JSON lines; never a whole file."""
     checkpoint: str | None = Field(default=None, min_length=1)
+    """The file that records how far the inputs are done, written atomically every
+    `runtime.commit_interval_ms` (default: beside the file sink's output; required with a Kafka sink)."""
 
     @model_validator(mode="after")
     def _known_format(self) -> FileSource:
@@ -54,17 +55,18 @@ class FileSink(Section):
     # by pyarrow, pandas, DuckDB or Spark. Either way one row per input row that did not fail; the failed
     # ones go to the dead-letter file beside it (dead_letter.path).
     path: str = Field(min_length=1)
+    """A JSON-lines file, or a directory of Parquet part files."""
     format: FileFormat | None = None  # default: from the extension, else the source file's format
-    # What a run does when the output exists but no checkpoint says how far it got (or the checkpoint is
-    # for other inputs or another pipeline): false stops with a message, true starts over (the old output
-    # is removed). A run that can resume from its checkpoint always resumes.
+    """`jsonl` or `parquet` (default: from the extension, else the source file's format)."""
     overwrite: bool = False
-    # parquet: a new part file after this many rows, and at least every roll_interval_s: a part's rows are
-    # durable once it is closed, and only then does the checkpoint move past them.
+    """Replace an output that exists when no checkpoint says how far it got (or the checkpoint is another
+    pipeline's); `false` stops with an error instead."""
     rows_per_file: int = Field(default=1_000_000, ge=1)
+    """Parquet: start a new part file after this many rows (a part's rows are durable once it is closed)."""
     roll_interval_s: float = Field(default=60.0, gt=0)
-    # parquet: rows per row group (what readers load at a time)
+    """Parquet: close the open part file at least this often."""
     row_group_rows: int = Field(default=10_000, ge=1)
+    """Parquet: rows per row group (what readers load at a time)."""
 
     def resolved_format(self, source_format: FileFormat | None) -> FileFormat:
         """The output's format: ``format``, else the extension's, else the source file's, else jsonl."""

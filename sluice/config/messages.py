@@ -41,7 +41,7 @@ def describe(err: ValidationError, prefix: YamlPath, lines: dict[YamlPath, int])
         secret = any(isinstance(p, str) and _SECRET_KEY.search(p) for p in loc)
         shown = "<redacted>" if secret else short(repr(e.get("input")))
         if kind == "extra_forbidden":
-            msg = f"unknown key '{short(str(loc[-1]))}'; check the spelling against the pipeline reference in the README"
+            msg = f"unknown key '{short(str(loc[-1]))}'; check the spelling against the configuration reference (docs/reference/configuration.md)"
         elif kind == "missing":
             msg = "is required but missing"
         elif kind in ("int_parsing", "int_type", "int_from_float"):

@@ -22,16 +22,28 @@ from sluice.config.telemetry import Telemetry
 
 class Pipeline(Section):
     name: str = "pipeline"
+    """The pipeline's name, in logs, metrics and `sluice reload`."""
     source: Source
+    """Where records come from: `kafka` (a consumer group) or `file` (a bounded run)."""
     codec: Codec = Field(default_factory=Codec)
+    """How a record's bytes become the model's input."""
     batching: Batching = Field(default_factory=Batching)
+    """How records are gathered into the batches a batch engine runs."""
     engine: EngineSection
+    """The model and the engine that runs it; `type` picks the engine, the other keys are its options."""
     sink: Sink
+    """Where results go: `kafka` (a topic) or `file`, and how output records are shaped."""
     dead_letter: DeadLetter | None = None
+    """Where records that cannot be handled go, with the reason in their headers."""
     delivery: Literal["at_least_once", "exactly_once"] = "at_least_once"
+    """`at_least_once`: offsets are committed once outputs are on the broker. `exactly_once`: outputs, dead
+    letters and offsets in one Kafka transaction."""
     exactly_once: ExactlyOnce = Field(default_factory=ExactlyOnce)
+    """The transactions of `delivery: exactly_once`."""
     runtime: Runtime = Field(default_factory=Runtime)
+    """Back-pressure, commits and shutdown."""
     telemetry: Telemetry = Field(default_factory=Telemetry)
+    """Tracing, metrics and health endpoints, the status line."""
 
     @property
     def dead_letter_destination(self) -> str | None:

@@ -14,24 +14,23 @@ from sluice.config.kafka import KafkaSink
 class Output(Section):
     # merge: the input JSON object plus the result under `field`; result: {field: result} only.
     mode: Literal["merge", "result"] = "merge"
+    """`merge`: the input record with the result added under `field`; `result`: only `{field: result}`."""
     field: str = Field(default="result", min_length=1)
-    # Key of the output record: "input" keeps the input key, "none" drops it, "field:a.b" takes it from
-    # the input record.
+    """The field that holds the result."""
     key: str = "input"
-    # Continuous engines (llm) produce each result the moment it is ready, so records of a partition may
-    # leave out of input order; true holds results back to leave in input order per partition.
+    """The output record's key: `input` (the input's key), `none`, or `field:<dotted.path>` of the input."""
     preserve_order: bool = False
-    # Output format; default: the input's (json for raw input). avro / json_schema / protobuf outputs are
-    # registered in the codec's schema registry and need that same input format.
+    """Continuous engines (`llm`): hold results back so each partition's outputs leave in input order."""
     format: Literal["json", "avro", "protobuf", "json_schema"] | None = None
-    # avro / json_schema: the output schema, instead of the input's record schema plus the result field
-    # (relative to the pipeline file)
+    """`json`, or the input's Schema Registry format (default: the input's; `json` for `raw`)."""
     schema_file: str | None = None
-    # protobuf: the generated class of the output messages, "package.module_pb2:Message"
+    """`avro` / `json_schema`: the output schema, instead of the input's record schema plus the result field
+    (relative to the pipeline file)."""
     message_type: str | None = None
-    # Subject the output schema is registered under: topic (<topic>-value, Confluent's TopicNameStrategy),
-    # record (the record's full name) or topic_record (<topic>-<record full name>)
+    """`protobuf`: the generated class of the output messages, `package.module_pb2:Message`."""
     subject_name_strategy: Literal["topic", "record", "topic_record"] = "topic"
+    """The subject the output schema is registered under: `topic` (`<topic>-value`), `record` (the record's
+    full name) or `topic_record`."""
 
     @field_validator("key")
     @classmethod
@@ -42,9 +41,12 @@ class Output(Section):
 
 
 class Sink(Section):
-    kafka: KafkaSink | None = None  # a topic
-    file: FileSink | None = None  # a JSON-lines file or a directory of Parquet files
+    kafka: KafkaSink | None = None
+    """Write results to a Kafka topic."""
+    file: FileSink | None = None
+    """Write results to a JSON-lines file or a directory of Parquet part files."""
     output: Output = Field(default_factory=Output)
+    """How an output record is shaped: its value, key and format."""
 
     @model_validator(mode="after")
     def _exactly_one(self) -> Sink:
@@ -63,9 +65,10 @@ class Sink(Section):
 class DeadLetter(Section):
     # The dead-letter topic, with a Kafka sink (required there).
     topic: str | None = Field(default=None, min_length=1)
-    # The dead-letter file (JSON lines), with sink.file; default: beside the output, <name>.dead-letters.jsonl.
-    # A file sink always has one.
+    """The dead-letter topic; without a dead-letter destination, a record that cannot be handled stops the
+    pipeline, uncommitted."""
     path: str | None = Field(default=None, min_length=1)
-    # Stop once this many records in a row have failed (none reached the output topic in between): that
-    # points at a broken engine, codec or producer rather than at bad records. null: never stop.
+    """With `sink.file`: the dead-letter file (default: `<output>.dead-letters.jsonl`)."""
     max_consecutive_failures: int | None = Field(default=1000, ge=1)
+    """Stop once this many records in a row have failed (`null`: never): a broken model or codec does not
+    dead-letter a whole topic."""

@@ -10,8 +10,10 @@ from sluice.config.kafka import KafkaSource
 
 
 class Source(Section):
-    kafka: KafkaSource | None = None  # a consumer group on topics: runs until stopped (or --until-end)
-    file: FileSource | None = None  # JSON-lines or Parquet files: the run ends once they are done
+    kafka: KafkaSource | None = None
+    """Read a consumer group's share of Kafka topics; runs until stopped (or `sluice run --until-end`)."""
+    file: FileSource | None = None
+    """Read JSON-lines or Parquet files; the run ends once they are done."""
 
     @model_validator(mode="after")
     def _exactly_one(self) -> Source:

@@ -12,25 +12,33 @@ from sluice.config.base import Section
 class Tracing(Section):
     # none: no tracing work at all, input headers (traceparent included) pass through unchanged.
     exporter: Literal["none", "console", "otlp"] = "none"
-    endpoint: str | None = None  # otlp: collector address; default per protocol (localhost:4317 / :4318)
+    """`console`, `otlp`, or `none` (no tracing work; input headers pass through as they are)."""
+    endpoint: str | None = None
+    """The OTLP collector (default: `http://localhost:4317` for grpc, `http://localhost:4318/v1/traces` for
+    http)."""
     protocol: Literal["grpc", "http"] = "grpc"
-    # Share of new traces recorded; a record with a traceparent follows its sampled flag instead. Every
-    # output gets a traceparent in its input's trace either way; only sampled records cost SDK spans
-    # (about 50 µs each in Python), so the default keeps them near 0.05 µs per record: 100 traces/s at
-    # 100k records/s.
+    """OTLP transport: `grpc` or `http`."""
     sample_ratio: float = Field(default=0.001, ge=0, le=1)
+    """Share of new traces recorded; an incoming `traceparent` decides by its sampled flag. Every output
+    carries a `traceparent`, sampled or not."""
 
 
 class Metrics(Section):
-    enabled: bool = False  # serve /metrics, /healthz and /readyz over HTTP
-    host: str = "127.0.0.1"  # loopback unless opened up on purpose (0.0.0.0 in a container)
-    port: int = Field(default=9464, ge=0, le=65535)  # 0 picks a free port (tests)
+    enabled: bool = False
+    """Serve `/metrics` (Prometheus), `/healthz` and `/readyz` over HTTP."""
+    host: str = "127.0.0.1"
+    """The address the HTTP server binds (`0.0.0.0` to expose it from a container)."""
+    port: int = Field(default=9464, ge=0, le=65535)
+    """Its port (`0`: any free port)."""
 
 
 class Telemetry(Section):
     tracing: Tracing = Field(default_factory=Tracing)
+    """OpenTelemetry traces, one span per record, context in Kafka headers."""
     metrics: Metrics = Field(default_factory=Metrics)
-    status: Literal["auto", "off"] = "auto"  # auto: a live line on a terminal, a log line every 10 s otherwise
+    """Prometheus `/metrics` and the `/healthz` and `/readyz` endpoints."""
+    status: Literal["auto", "off"] = "auto"
+    """`auto`: a live status line on a terminal, a log line every 10 s otherwise; `off`."""
 
     @field_validator("status", mode="before")
     @classmethod

@@ -27,22 +27,28 @@ from sluice.engines.tasks.engine_options import EngineTaskOptions
 class OnnxOptions(EngineTaskOptions):
     """Everything under ``engine:`` for ``type: onnx``."""
 
-    model: str = Field(min_length=1)  # a known model name, a .onnx file, a directory with model.onnx, an HF dir
-    # Tried in order; short names (cpu, cuda, tensorrt) become full onnxruntime names.
+    model: str = Field(min_length=1)
+    """A known model name, a `.onnx` file, a directory with `model.onnx`, or a Hugging Face directory
+    (exported to ONNX once, cached)."""
     providers: list[Annotated[str, AfterValidator(onnx_providers.full_name)]] = Field(
         default_factory=lambda: list(onnx_providers.DEFAULT_PROVIDERS), min_length=1)
+    """Execution providers, tried in order (`tensorrt`, `cuda`, `cpu` or full onnxruntime names); unavailable
+    ones are skipped with a warning."""
     intra_op_num_threads: int | None = Field(default=None, ge=0)  # None/0: onnxruntime's default
+    """Threads within one operator (`0`: onnxruntime's default)."""
     inter_op_num_threads: int | None = Field(default=None, ge=0)
-    # onnxruntime's worker threads busy-wait between operators by default. That wins in a loop that does
-    # nothing else, but here the intake (decode, tokenise) and emitter threads need the same cores.
+    """Threads across operators (`0`: onnxruntime's default)."""
     intra_op_spinning: bool = False
-    # Denormal floats (below ~1e-38, from attention softmax over padded batches) flushed to zero while the
-    # model runs: each one costs a microcode assist (see backends/denormals.py).
+    """Let onnxruntime's threads busy-wait between operators; `false` leaves the cores to Sluice's intake and
+    output threads."""
     flush_denormals: bool = True
-    export_cache_dir: str | None = None  # exports of HF directories; default <sluice cache>/exports
-    # int8: ONNX Runtime's dynamic quantisation of the model (made once, cached beside it; see
-    # backends/onnx_int8.py), its cosine to the float32 outputs logged at start
+    """Flush denormal floats to zero while the model runs (each costs the CPU a slow microcode assist); turn
+    off for a model that takes the log of tiny probabilities."""
+    export_cache_dir: str | None = None
+    """Where exports of Hugging Face directories are kept (default: `<sluice cache>/exports`)."""
     quantize: Literal["none", "int8"] = "none"
+    """`int8`: the model's matmuls rewritten to int8 weights with per-token activations (made once, cached;
+    its cosine to the float32 outputs is logged at start); `none`."""
 
 
 class OnnxEngine(TaskEngine):

@@ -35,15 +35,19 @@ from sluice.engines.registry import EngineType
 
 
 class PythonOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, protected_namespaces=())
-    # package.module:function taking a list and returning a list
+    model_config = ConfigDict(extra="forbid", frozen=True, protected_namespaces=(), use_attribute_docstrings=True)
     function: str | None = Field(default=None, description="package.module:function taking a list and "
                                                             "returning a list")
-    # package.module:function taking the model's path and returning such a function (with ``model``)
+    """`package.module:function` taking a list of inputs and returning a list of results, one per input, in
+    order."""
     factory: str | None = None
-    model: str | None = Field(default=None, min_length=1)  # a file or directory the factory loads
-    # JSON Schema of one result, for schema-registry outputs (avro, json_schema) to derive theirs from
+    """`package.module:function` taking the model's path and returning such a function (with `model`;
+    reloadable)."""
+    model: str | None = Field(default=None, min_length=1)
+    """A file or directory the factory loads (relative to the pipeline file)."""
     result_schema: dict[str, Any] | None = None
+    """The JSON Schema of one result, for Schema Registry outputs (`avro`, `json_schema`) to derive theirs
+    from."""
 
     @field_validator("function", "factory")
     @classmethod

@@ -21,13 +21,21 @@ class TensorrtOptions(EngineTaskOptions):
     """Everything under ``engine:`` for ``type: tensorrt``."""
 
     text_only = True
-    model: str = Field(min_length=1)  # a known model name, a .onnx file, a directory with model.onnx, an HF dir
-    device: str = Field(default="cuda", pattern=r"^(auto|cuda(:\d+)?)$")  # auto = cuda:0
+    model: str = Field(min_length=1)
+    """A known model name, a `.onnx` file, a directory with `model.onnx`, or a Hugging Face directory
+    (exported to ONNX once)."""
+    device: str = Field(default="cuda", pattern=r"^(auto|cuda(:\d+)?)$")
+    """The GPU: `auto` (`cuda:0`), `cuda` or `cuda:N`."""
     fp16: bool = False  # TensorRT 10 only (its FP16 builder flag); TensorRT 11 uses the model's own types
-    engine_cache_dir: str | None = None  # default <sluice cache dir>/tensorrt; relative to the pipeline file
-    export_cache_dir: str | None = None  # exports of HF directories; default <sluice cache>/exports
-    workspace_mb: int = Field(default=2048, ge=16)  # builder scratch memory
-    opt_tokens: int | None = Field(default=None, ge=1)  # padded length the profile is tuned for (128)
+    """Build the engine with TensorRT's FP16 flag (TensorRT 10; TensorRT 11 uses the model's own types)."""
+    engine_cache_dir: str | None = None
+    """Where built engines are kept (default: `<sluice cache>/tensorrt`; relative to the pipeline file)."""
+    export_cache_dir: str | None = None
+    """Where exports of Hugging Face directories are kept (default: `<sluice cache>/exports`)."""
+    workspace_mb: int = Field(default=2048, ge=16)
+    """The builder's scratch memory, in MiB."""
+    opt_tokens: int | None = Field(default=None, ge=1)
+    """The padded length the optimisation profile is tuned for."""
 
 
 class TensorrtEngine(TaskEngine):

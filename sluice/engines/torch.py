@@ -39,17 +39,28 @@ from sluice.engines.tasks.engine_options import EngineTaskOptions
 class TorchOptions(EngineTaskOptions):
     """Everything under ``engine:`` for ``type: torch``. Exactly one of model/factory/torchscript/exported."""
 
-    model: str | None = Field(default=None, min_length=1)  # text tasks: known name or HF directory
-    factory: str | None = Field(default=None, pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")  # pkg.module:function
-    factory_kwargs: dict[str, Any] = Field(default_factory=dict)  # keyword arguments of the factory call
-    torchscript: str | None = Field(default=None, min_length=1)  # path of a torch.jit.save file
-    exported: str | None = Field(default=None, min_length=1)  # path of a torch.export.save .pt2 file
+    model: str | None = Field(default=None, min_length=1)
+    """Text tasks: a known model name or a Hugging Face directory."""
+    factory: str | None = Field(default=None, pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+    """Task `raw`: `package.module:function` returning a `torch.nn.Module`."""
+    factory_kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments of the factory call."""
+    torchscript: str | None = Field(default=None, min_length=1)
+    """Task `raw`: a `torch.jit.save` file."""
+    exported: str | None = Field(default=None, min_length=1)
+    """Task `raw`: a `torch.export.save` (`.pt2`) file."""
     device: str = Field(default="auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$")
-    dtype: Literal["float32", "float16", "bfloat16"] = "float32"  # half types on CUDA only (else float32)
-    compile: bool = False  # torch.compile(dynamic=True); the first batches pay the compilation in warm-up
-    input_shapes: dict[str, list[int | None]] = Field(default_factory=dict)  # raw: per-record shape
+    """`auto` (CUDA when present), `cpu`, `cuda` or `cuda:N`."""
+    dtype: Literal["float32", "float16", "bfloat16"] = "float32"
+    """`float32`, or `float16` / `bfloat16` (CUDA only)."""
+    compile: bool = False
+    """`torch.compile` the model (dynamic shapes); the first batches pay the compilation during warm-up."""
+    input_shapes: dict[str, list[int | None]] = Field(default_factory=dict)
+    """Task `raw`: each input's per-record shape."""
     input_dtypes: dict[str, Literal["float32", "int64", "int32", "bool"]] = Field(default_factory=dict)
-    outputs: list[str] = Field(default_factory=lambda: ["output"], min_length=1)  # raw: result names
+    """Task `raw`: each input's dtype."""
+    outputs: list[str] = Field(default_factory=lambda: ["output"], min_length=1)
+    """Task `raw`: the names of the module's outputs, in order."""
 
     @model_validator(mode="after")
     def _one_source_that_fits_the_task(self) -> TorchOptions:

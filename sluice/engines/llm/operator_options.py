@@ -33,37 +33,68 @@ class LLMOptions(BaseModel):
     """Everything under ``engine:`` for ``type: llm``. The engine's own settings (``ENGINE_SETTINGS``) take
     :class:`EngineConfig`'s defaults and allowed values."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
-    model: str = Field(default="smollm2-135m", min_length=1)  # known name, .gguf file or HF directory
+    model: str = Field(default="smollm2-135m", min_length=1)
+    """A known model name (`sluice models list`), a `.gguf` file, or a Hugging Face directory of a supported
+    family."""
     system_prompt: str | None = None
-    user_template: str = "{text}"  # {field} placeholders; a non-object input fills {text}
+    """The system message shared by every record; its KV blocks are computed once (prefix cache)."""
+    user_template: str = "{text}"
+    """The user message: `{field}` placeholders filled from the record (use `codec.input_field: "."`); a
+    non-object input fills `{text}`."""
     max_tokens: int = Field(default=64, ge=1)
+    """The most tokens an answer may have."""
     temperature: float = Field(default=0.0, ge=0)
+    """Sampling temperature; `0` is greedy."""
     top_p: float = Field(default=1.0, gt=0, le=1)
+    """Nucleus sampling: the smallest set of tokens whose probability reaches this."""
     top_k: int = Field(default=0, ge=0)
+    """Sample among the `k` most likely tokens (`0`: all)."""
     seed: int | None = None
+    """Seeds each record's sampling, so a sampled answer can be reproduced."""
     stop: list[str] = Field(default_factory=list)
-    ignore_eos: bool = False  # generate exactly max_tokens (benchmarks)
-    overrides: dict[_OVERRIDABLE, str] = Field(default_factory=dict)  # generation setting -> record field
-    # none: the answer text; json: a JSON value (default with a JSON Schema in structured_output)
+    """Strings that end an answer (not included in it)."""
+    ignore_eos: bool = False
+    """Generate exactly `max_tokens`, past the end-of-sequence token (benchmarks)."""
+    overrides: dict[_OVERRIDABLE, str] = Field(default_factory=dict)
+    """A generation setting taken from a record field, e.g. `{max_tokens: max_len}`."""
     parse: Literal["none", "json"] | None = None
-    json_schema: dict[str, Any] | None = None  # with parse: json, answers must validate against it
-    structured_output: StructuredOutputOptions | None = None  # constrain answers while they are generated
+    """`none`: the answer is text; `json`: a JSON value, and an answer that is not JSON is dead-lettered
+    (default: `json` with a JSON Schema in `structured_output`)."""
+    json_schema: dict[str, Any] | None = None
+    """With `parse: json`, answers must validate against this JSON Schema (checked after generation;
+    `structured_output` constrains it during)."""
+    structured_output: StructuredOutputOptions | None = None
+    """Constrain answers while they are generated: a JSON Schema, a choice of labels, a regex or a grammar."""
     # ---- the engine's settings (ENGINE_SETTINGS): EngineConfig's defaults, so the two cannot drift
     max_num_seqs: int = Field(default=_ENGINE.max_num_seqs, ge=1)
+    """The most records in the running batch."""
     max_num_batched_tokens: int = Field(default=_ENGINE.max_num_batched_tokens, ge=16)
+    """The most tokens computed in one step (prompt chunks and decodes together)."""
     max_model_len: int | None = Field(default=_ENGINE.max_model_len, ge=16)
-    kv_cache_memory_mb: int | None = Field(default=None, ge=1)  # EngineConfig.kv_cache_memory_bytes, in MiB
+    """The longest prompt plus answer (default: the model's context); longer prompts are dead-lettered."""
+    kv_cache_memory_mb: int | None = Field(default=None, ge=1)
+    """Memory for the paged KV cache, in MiB (default: 512 on the CPU; on a GPU, what is free after the
+    weights and activations)."""
     num_threads: int | None = Field(default=_ENGINE.num_threads, ge=1)
-    device: str = _ENGINE.device  # auto, cpu, cuda, cuda:N (checked with its YAML path: config/applies.py)
+    """CPU threads for the model (default: torch's)."""
+    device: str = _ENGINE.device
+    """`auto` (CUDA when present), `cpu`, `cuda` or `cuda:N`."""
     dtype: DTypeName = _ENGINE.dtype
-    # CPU weight form: auto keeps a GGUF's quantisation (Q4 -> int4, Q8_0 & co. -> int8), fp32 dequantises
+    """The compute dtype: `auto` (float32 on the CPU, bfloat16 or float16 on CUDA), `float32`, `float16`,
+    `bfloat16`."""
     weights: WeightMode = _ENGINE.weights
-    # Prompt-lookup speculative decoding (0 = off): drafts copied from the prompt, verified in the batch.
+    """The form of the weights on the CPU: `auto` keeps a GGUF's quantisation (Q4 as int4, Q8_0 and others as
+    int8; float files stay float32), `fp32` dequantises everything, `bf16`, `int8` and `int4` convert every
+    projection."""
     num_speculative_tokens: int = Field(default=_ENGINE.num_speculative_tokens, ge=0, le=16)
+    """Prompt-lookup speculative decoding: up to this many draft tokens copied from the prompt, verified in
+    the batch (`0`: off)."""
     speculative_ngram_max: int = Field(default=_ENGINE.speculative_ngram_max, ge=1)
+    """The longest n-gram matched in the prompt to find a draft."""
     speculative_ngram_min: int = Field(default=_ENGINE.speculative_ngram_min, ge=1)
+    """The shortest n-gram matched in the prompt to find a draft."""
 
     @model_validator(mode="after")
     def _ngram_range(self) -> LLMOptions:

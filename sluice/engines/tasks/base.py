@@ -38,7 +38,7 @@ class TaskOptions(BaseModel):
     options merge every task's fields; see :mod:`sluice.engines.tasks.registry`).
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
 
 @dataclass(frozen=True, slots=True)

@@ -41,8 +41,11 @@ _SAVED_ACTIVATIONS: dict[str, Activation] = {"Sigmoid": "sigmoid", "Identity": "
 
 class CrossEncoderOptions(TaskOptions):
     max_length: int | None = Field(default=None, ge=2, le=65_536)  # both texts together; default: the model's
-    inputs: dict[str, str] = Field(default_factory=dict)  # {text: FIELD, text_pair: FIELD}, required
+    """Truncate each pair, both texts together, to this many tokens (default: the model's limit)."""
+    inputs: dict[str, str] = Field(default_factory=dict)
+    """The two texts: `{text: FIELD, text_pair: FIELD}` (required; with `codec.input_field: "."`)."""
     activation: Activation | None = None  # None: the model's saved activation, else CrossEncoder's default
+    """Applied to the scores (default: the model's saved activation, else sentence-transformers' default)."""
 
     @model_validator(mode="after")
     def _pair(self) -> CrossEncoderOptions:

@@ -20,10 +20,12 @@ class EngineTaskOptions(tasks.task_fields()):  # type: ignore[misc]  # a class m
     """Subclassed by each engine's options; ``text_only`` engines refuse tasks that are not text."""
 
     text_only: ClassVar[bool] = False
-    warmup: bool = True  # run the model at batch 1 and at the largest batch before consuming
-    # Run Python files of a Hugging Face model directory (its config.json's auto_map) to load it. Off: such a
-    # directory is refused in one line, unless transformers has the model's type built in (then that loads).
+    warmup: bool = True
+    """Run the model at batch 1 and at the largest batch before consuming, so the first records pay no set-up."""
     trust_remote_code: bool = False
+    """Run the Python files of a Hugging Face model directory (named in its `config.json`'s `auto_map`) to
+    load it. Off, such a directory is refused unless transformers has its model type built in. Review the
+    code first."""
     _task_options: Any = PrivateAttr(default=None)
 
     @field_validator("task")

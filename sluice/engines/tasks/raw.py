@@ -25,8 +25,10 @@ from sluice.engines.tasks.record import lookup
 
 
 class RawOptions(TaskOptions):
-    inputs: dict[str, str] = Field(default_factory=dict)  # model input name -> record field (dotted)
+    inputs: dict[str, str] = Field(default_factory=dict)
+    """Model input name to record field (dotted path)."""
     output_format: OutputFormat = "list"
+    """Each output array as a nested `list`, or `base64` of its little-endian bytes."""
 
     @model_validator(mode="after")
     def _has_inputs(self) -> RawOptions:

@@ -15,7 +15,7 @@ import importlib
 from functools import cache
 from typing import Any
 
-from pydantic import BaseModel, ValidationError, create_model
+from pydantic import BaseModel, Field, ValidationError, create_model
 
 from sluice.engines.tasks.base import TaskOptions, TaskType
 
@@ -61,7 +61,9 @@ def task_fields() -> type[BaseModel]:
     A field that several tasks declare must be declared alike (same type and default): checked here.
     """
     # ``task`` first: fields are validated in order, so every task option can check it belongs to the task.
-    fields: dict[str, Any] = {"task": (str, DEFAULT_TASK)}
+    task = Field(default=DEFAULT_TASK, description="What the model's outputs mean: `text-embedding`, "
+                 "`text-classification`, `token-classification`, `cross-encoder` or `raw` (tensors in and out).")
+    fields: dict[str, Any] = {"task": (str, task)}
     owners: dict[str, str] = {}
     for name in names():
         for field_name, info in lookup(name).options.model_fields.items():

@@ -34,9 +34,13 @@ ScoreFunction = Literal["softmax", "sigmoid", "none"]
 
 class TextClassificationOptions(TaskOptions):
     max_length: int | None = Field(default=None, ge=2, le=65_536)  # truncation; default: the model's
-    top_k: int | None = Field(default=None, ge=1)  # None: the best label as one object; N: a list
+    """Truncate inputs to this many tokens (default: the model's limit)."""
+    top_k: int | None = Field(default=None, ge=1)
+    """Unset: the best label as `{label, score}`; N: a list of the N best, best first."""
     function_to_apply: ScoreFunction | None = None  # None: the pipeline's default for the model
-    inputs: dict[str, str] = Field(default_factory=dict)  # {text: FIELD, text_pair: FIELD} for pairs
+    """`softmax`, `sigmoid` or `none` (default: as transformers' pipeline decides for the model)."""
+    inputs: dict[str, str] = Field(default_factory=dict)
+    """Pairs: `{text: FIELD, text_pair: FIELD}` (with `codec.input_field: "."`)."""
 
     @model_validator(mode="after")
     def _pair(self) -> TextClassificationOptions:

@@ -41,12 +41,21 @@ POOLED_OUTPUTS = ("sentence_embedding", "pooler_output_mean")  # (batch, dim): p
 
 class TextEmbeddingOptions(TaskOptions):
     max_length: int | None = Field(default=None, ge=2, le=65_536)  # truncation; default: the model's
+    """Truncate inputs to this many tokens (default: the model's limit)."""
     pooling: PoolingName | list[PoolingName] | None = None  # default: the model's pooling config
+    """`mean`, `cls`, `max`, `last-token`, `weighted-mean`, `mean-sqrt-len`, or a list (default: the model's
+    pooling config)."""
     normalize: bool | None = None  # default: the model's Normalize module (true without modules.json)
+    """Scale vectors to unit length (default: as the model's sentence-transformers modules say; `true` without
+    them)."""
     prompt_name: str | None = Field(default=None, min_length=1)
+    """A prompt of the model's sentence-transformers config (`query`, `passage`...) put before each text."""
     prompt: str | None = None
-    dimensions: int | None = Field(default=None, ge=1)  # Matryoshka truncation
+    """A prompt put before each text."""
+    dimensions: int | None = Field(default=None, ge=1)
+    """Keep the first N dimensions (Matryoshka models)."""
     output_format: OutputFormat = "list"
+    """`list` of floats, or `base64` of little-endian float32."""
 
     @model_validator(mode="after")
     def _one_prompt(self) -> TextEmbeddingOptions:

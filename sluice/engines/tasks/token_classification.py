@@ -28,8 +28,11 @@ from sluice.engines.tasks.token_aggregation import Strategy, TokenSpan, aggregat
 
 class TokenClassificationOptions(TaskOptions):
     max_length: int | None = Field(default=None, ge=2, le=65_536)  # truncation; default: the model's
+    """Truncate inputs to this many tokens (default: the model's limit)."""
     aggregation_strategy: Strategy = "none"
+    """How tokens become entities: `none`, `simple`, `first`, `average` or `max`."""
     ignore_labels: list[str] = Field(default_factory=lambda: ["O"])
+    """Labels left out of the results."""
 
 
 @dataclass(frozen=True, slots=True)

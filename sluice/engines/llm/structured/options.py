@@ -40,14 +40,20 @@ OVERRIDE_KINDS = ("json_schema", "choice", "regex")  # constraints a record may 
 class StructuredOutputOptions(BaseModel):
     """Everything under ``engine.structured_output``: exactly one constraint, and the backend."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
-    backend: Literal["llguidance", "xgrammar"] = "llguidance"  # first: the checks below use it
+    backend: Literal["llguidance", "xgrammar"] = "llguidance"
+    """The grammar library: `llguidance` or `xgrammar`."""
     json_schema: dict[str, Any] | None = None
+    """Answers follow this JSON Schema (inline)."""
     json_schema_file: str | None = None  # resolved against the pipeline file's directory
+    """Answers follow the JSON Schema in this file (relative to the pipeline file)."""
     choice: list[str] | None = None
+    """The answer is exactly one of these strings."""
     regex: str | None = None
+    """The answer matches this regular expression."""
     grammar: str | None = None
+    """The answer follows this grammar (Lark syntax for llguidance, EBNF for xgrammar)."""
 
     @field_validator("json_schema", "choice", "regex", "grammar")
     @classmethod
