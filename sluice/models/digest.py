@@ -8,8 +8,8 @@
 * **Everything the model loads.** Every regular file under a directory counts, symlinks followed -- except
   names starting with ``.`` (``.git``, ``.cache``, Kubernetes' ``..data`` links: the files they lead to are
   counted through their visible names).
-* **Cheap at every start after the first.** Hashing reads each file once (about 1-2 GB/s with SHA-NI, so a
-  few seconds for a multi-GB model); each file's digest is then cached under ``<cache>/digests`` keyed by
+* **Cheap at every start after the first.** Hashing reads each file once (seconds for a
+  multi-GB model with SHA-NI); each file's digest is then cached under ``<cache>/digests`` keyed by
   its device, inode, size, modification and change times (``st_ctime`` changes on any write and cannot be
   set back by ``touch`` or ``cp -p``), so an unchanged file is never read again. A file changed within the
   last two seconds is not cached: on file systems with coarse timestamps a later write in the same tick

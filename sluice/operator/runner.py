@@ -271,8 +271,8 @@ def _relax_gc() -> tuple[int, int, int]:
     """Make the cyclic garbage collector cheap for a stream of short-lived records.
 
     Every record allocates a few small container objects; with CPython's default thresholds the collector
-    runs every 700 allocations and, with thousands of records in flight, its full passes cost about a third
-    of the operator's CPU (measured by bench/operator_overhead.py). Records hold no reference cycles, so
+    runs every 700 allocations and, with thousands of records in flight, its full passes cost a large share
+    of the operator's CPU (bench/operator_overhead.py). Records hold no reference cycles, so
     reference counting frees them anyway: collect less often, and freeze what exists at start (modules,
     the model) so that full passes never walk it again. Returns the old thresholds to restore.
     """

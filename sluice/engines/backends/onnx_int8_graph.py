@@ -29,12 +29,11 @@ with ``Wq = round(W / ws)`` int8 and ``ws = max |W[:, n]| / 127`` per column, so
   quantised copy of it (and its split channels).
 - *Same interface*: inputs, outputs, names and shapes of the graph are unchanged; float weights no other node
   reads are dropped (a quarter of their bytes in the file).
-- Cost on MiniLM-L6 (2 Zen 4 cores, batch 32): the integer GEMM runs at ~3x the float32 one; with per-row
-  scales everywhere the row scales, ``QuantizeLinear``, the rescale and the splits take about a fifth of the
-  int8 model's time (~1.5x the float32 model at 64 tokens), fixed scales on 10 of its 24 inputs cut that to
-  ~1.7x; the float32 attention takes about a quarter at 256 tokens.
-- Symmetric uint8 x int8 is the fast form of ONNX Runtime's integer GEMM on x86 (int8 x int8 ran at 0.31x the
-  float32 matmul on a Zen 4); the min/max pair reads ``x`` twice but beats ``Abs`` + ``ReduceMax`` (which
+- Cost: with per-row scales everywhere, the row scales, ``QuantizeLinear``, the rescale and the splits take
+  a sizeable share of the int8 model's time, which fixed scales on the inputs that allow them cut
+  (``bench/embed_engine.py`` compares the int8 model with the float32 one).
+- Symmetric uint8 x int8 is the fast form of ONNX Runtime's integer GEMM on x86 (int8 x int8 ran slower than
+  the float32 matmul); the min/max pair reads ``x`` twice but beats ``Abs`` + ``ReduceMax`` (which
   writes a copy), and ``QuantizeLinear`` does the divide, round, shift and saturate in one pass.
 
 Pure: :func:`quantize_matmuls` edits the model proto in place, runs nothing.

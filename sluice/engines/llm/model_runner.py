@@ -106,9 +106,9 @@ class ModelRunner:
             log.info("llm weights %s: %s; KV pool %s", engine_config.weights, describe_forms(self.model),
                      str(self.kv_dtype).removeprefix("torch."))  # fmt: skip
         # int4 projections take prompt rows through a dense bf16 GEMM (layers/quantized.py: dense_rows) where
-        # Sluice's own int4 kernel is not built: torch's costs 2-2.7x the GEMM at a prompt's rows, Sluice's is
-        # as fast as the GEMM from ~500 rows and far faster below (bench/int4_matmul.py), so with it every row
-        # takes the kernel. SLUICE_INT4_DENSE_PROMPTS=1 forces the dense path, =0 keeps every row on the kernel.
+        # Sluice's own int4 kernel is not built: torch's costs more than the GEMM at a prompt's rows, Sluice's
+        # is as fast as the GEMM at hundreds of rows and far faster below (bench/int4_matmul.py), so with it
+        # every row takes the kernel. SLUICE_INT4_DENSE_PROMPTS=1 forces the dense path, =0 keeps every row on the kernel.
         mode = os.environ.get(DENSE_PROMPTS_ENV, "auto")
         dense = mode == "1" or (mode != "0" and not native_cpu.int4_matmul_usable())
         self.routes_prompt_rows = dense and any(

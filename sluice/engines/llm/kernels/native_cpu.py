@@ -12,15 +12,12 @@ thirty layers a step. These kernels do each of those in one call:
   ``silu_mul`` (the gated MLP's bfloat16 ``silu(gate) * up``, rounded as torch rounds it).
 
 Beside them, ``int4_matmul`` (``native/int4_matmul.cpp``, CPUs with AVX512-BF16) multiplies by an
-int4 weight in torch's packed layout without dequantising it, 1.3-2.4x faster than torch's kernel at any
-row count; ``decode_layers`` (``native/decode_layers.cpp``) runs every layer of a Llama-shaped int4 model for
+int4 weight in torch's packed layout without dequantising it, faster than torch's kernel at every row count
+(``bench/int4_matmul.py``); ``decode_layers`` (``native/decode_layers.cpp``) runs every layer of a Llama-shaped int4 model for
 a decode-only step in one call (``layers/native_layers.py``); ``int4_unpack`` (``native/int4_unpack.cpp``)
 dequantises an int4 weight's rows to bfloat16 for the dense GEMM of prompt rows where ``int4_matmul`` is not
 built (``quant/int4_dense.py``); ``top_k_rows`` (``native/top_k.cpp``) finds the candidates a rescored LM head
-recomputes, ~10x faster than ``torch.topk`` over a large vocabulary.
-
-Measured on a 2-core AMD EPYC (Zen 4), SmolLM2-135M with ``weights: auto``: decode attention 15-25 us a
-layer against 40-75 for the torch path at one sequence, RMSNorm ~1 us against ~8.
+recomputes, in a fraction of ``torch.topk``'s time over a large vocabulary.
 
 Built with ``torch.utils.cpp_extension`` (a C++ compiler and ninja, ``-march=native``) at the first model load
 that needs it, once per machine and torch version, into the Sluice cache (``native_build.py``: the key, the

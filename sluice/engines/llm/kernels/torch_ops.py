@@ -12,8 +12,8 @@ How it is fast: sequences are sorted by KV length and cut into chunks whose gath
 ``CHUNK_BYTES`` (cache-sized); per chunk, one ``index_select`` gathers the sequences' blocks into a padded
 ``(S, max_kv, num_kv_heads, head_dim)`` tensor and a single ``scaled_dot_product_attention`` runs over all
 of them with a causal + length mask. K/V are never expanded for GQA: for decode the ``G`` query heads that
-share a KV head become ``G`` query rows of that KV head; prefill uses SDPA's ``enable_gqa`` (measured 5-15%
-faster there than folding). Decode sequences (one new token) and prefill chunks never share a chunk, so a
+share a KV head become ``G`` query rows of that KV head; prefill uses SDPA's ``enable_gqa`` (faster there
+than folding: ``bench/attention_kernels.py``). Decode sequences (one new token) and prefill chunks never share a chunk, so a
 long prefill does not pad decode rows to its length.
 
 Sliding windows only change the masks; soft-capped scores (which SDPA cannot express) go through
@@ -56,10 +56,8 @@ def _scatter_rows(cache: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor) 
 
 
 # Gathered K+V of one chunk of sequences stays under this many bytes, so that it is still in cache when
-# SDPA reads it back. On the 2-core EPYC dev box (1 MiB L2 per core, shared 32 MiB L3, busy neighbours), a
-# 64-sequence x 512-token decode batch took 11-31 ms CPU per layer gathered at once (50 MB), 7-8 ms in
-# 2 MiB chunks, ~9.5 ms in 1 MiB chunks (per-chunk overhead ~50 us); 2 MiB was best or tied on every case
-# measured (decode 8/64 seqs x 128/512, prefill, mixed).
+# SDPA reads it back: gathering a large decode batch at once overflows the caches, chunks too small pay a
+# per-chunk overhead; 2 MiB was best or tied on every case bench/attention_kernels.py tried.
 CHUNK_BYTES = 2 << 20
 
 

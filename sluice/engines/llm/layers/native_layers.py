@@ -2,7 +2,7 @@
 
 At one or a few sequences a CPU decode step of a small model costs as much in Python and ``nn.Module`` calls
 as in its weights' matmuls: SmolLM2-135M's 30 layers make some 400 module calls and tensor operations a
-step, ~3 ms of ~8. For the common case -- a Llama-shaped layer (Llama, SmolLM2, Mistral, Qwen2/3 without
+step. For the common case -- a Llama-shaped layer (Llama, SmolLM2, Mistral, Qwen2/3 without
 biases or q/k norms) whose projections are int4 on a CPU with the native int4 kernel -- the layer stack runs
 in C++ instead: the same kernels in the same order and dtypes as the modules, so the hidden states are bit
 for bit those of the module path (tested), only sooner.

@@ -1,12 +1,10 @@
 """An int4 weight's matmul as a dense bf16 GEMM: the weight dequantised slice by slice, for many rows at once.
 
 torch's ``_weight_int4pack_mm_for_cpu`` dequantises every weight tile again for each block of four rows and
-multiplies in float32; for a prompt's hundreds of rows that is 2-2.7x slower than dequantising the weight
-once (native ``int4_unpack``, transposed as the packed layout stores it: ~1.4 ms for 8192 x 2048 on two
-cores) into a bf16 scratch slice and handing it to oneDNN's bf16 GEMM. Measured on a 2-core AMD EPYC
-(Zen 4), 16384 x 2048: 128 rows 27.6 ms against 51.9, 36 rows 13.2 against 14.8, 8 rows 8.5 against 3.3 --
-below about 32 rows the GEMM is bound by memory (the bf16 slice is 3.5x the packed bytes, written by the
-unpack and read again) and loses.
+multiplies in float32; for a prompt's hundreds of rows that is slower than dequantising the weight once
+(native ``int4_unpack``, transposed as the packed layout stores it) into a bf16 scratch slice and handing it
+to oneDNN's bf16 GEMM. Below a few dozen rows the GEMM is bound by memory (the bf16 slice is 3.5x the packed
+bytes, written by the unpack and read again) and loses (``bench/int4_matmul.py``, the ``dense`` column).
 
 Guarantees:
 

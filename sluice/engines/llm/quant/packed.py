@@ -4,10 +4,10 @@ Every :class:`PackedWeight` stands for a matrix ``W`` ``(out_features, in_featur
 
 * ``matmul(x)``: ``x @ W.T`` for ``x`` ``(num_rows, in_features)`` of any float dtype, returned in bf16. The
   CPU kernels (torch's ``_weight_int4pack_mm_for_cpu`` / ``_weight_int8pack_mm`` and oneDNN's bf16 GEMM) are
-  fast only with bf16 activations -- with float32 or float16 ones torch falls back to scalar loops 20-100x
-  slower -- so ``x`` goes in as bf16 and the result (accumulated in fp32 inside the kernel) comes out rounded
+  fast only with bf16 activations -- with float32 or float16 ones torch falls back to scalar loops many
+  times slower -- so ``x`` goes in as bf16 and the result (accumulated in fp32 inside the kernel) comes out rounded
   to bf16. Int4 weights use Sluice's own kernel on the same layout where it is built (a CPU with AVX512-BF16:
-  ``kernels/native/int4_matmul.cpp``, 1.3-2.4x faster), with the same bf16 activations and output. That rounding (8 significant bits) is the price of these modes against ``weights: fp32``. The
+  ``kernels/native/int4_matmul.cpp``, faster: ``bench/int4_matmul.py``), with the same bf16 activations and output. That rounding (8 significant bits) is the price of these modes against ``weights: fp32``. The
   result stays bf16: the next matmul takes it as it is, and torch's type promotion lifts it into a float32
   residual stream without a separate conversion.
 * ``rows(ids)``: rows of ``W`` as float32, for embeddings that share the LM head's matrix.
@@ -215,7 +215,7 @@ class Int4Weight:
         return cls(packed, scale_zero, num_rows)
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        if native_cpu.int4_matmul_usable():  # the same layout, 1.3-2.3x faster (kernels/native/int4_matmul.cpp)
+        if native_cpu.int4_matmul_usable():  # the same layout, faster (kernels/native/int4_matmul.cpp)
             y = native_cpu.int4_matmul(_to_compute(x).contiguous(), self.packed, self.scale_zero)
         else:
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(_to_compute(x), self.packed, GROUP, self.pairs())

@@ -17,9 +17,8 @@
   ``RescoredHead``), which keeps greedy picks and the top of the distribution those of the dequantised head
   (sampling beyond the 32 best reads the packed logits). The packed pass mostly ranks the vocabulary, so
   int4 costs little there (symmetric, without zero points, where quantised from values), and the head is
-  the largest matrix a small model reads per decode step: on a Llama-3.2-1B-shaped Q4_0 file (its tied Q6_K
-  table) int4 instead of int8 cut a single-request decode step from 31.6 to about 27 ms and the resident size
-  by about 100 MB.
+  the largest matrix a small model reads per decode step, so int4 instead of int8 there shortens a
+  single-request decode step and the resident size (``bench/llm_peers.py``).
 
 A tied LM head and embedding table share one matrix when its form can be gathered (dense, bf16, int8); an
 int4 LM head gets the embedding table beside it. Forms that cannot take a shape (int4 needs the input size

@@ -1,9 +1,9 @@
 // x @ W.T for an int4 weight in torch's packed CPU layout (the layout of int4_unpack.cpp): every row of an int4
 // projection and of the int4 LM head where this CPU has AVX512-BF16. At a few rows a decode step is bound by
 // the weight bytes it reads, which torch's _weight_int4pack_mm_for_cpu does not reach: it dequantises every
-// weight to float32 ((q - 8) * scale + zero) before its multiply-add, about 23 GB/s of packed weight on two
-// Zen 4 cores that stream 32-46 (this kernel: 27-43). At hundreds of rows both are bound by arithmetic; this
-// one does half of torch's, and matches a bf16 GEMM over the unpacked weight (bench/int4_matmul.py).
+// weight to float32 ((q - 8) * scale + zero) before its multiply-add, well below the memory's rate (this
+// kernel comes near it). At hundreds of rows both are bound by arithmetic; this one does half of torch's, and
+// matches a bf16 GEMM over the unpacked weight (bench/int4_matmul.py measures all three).
 //
 // Here a weight is never dequantised. Nibbles become bfloat16 integers (q - 8, exact) by a table lookup, and
 // AVX512-BF16's dot product multiplies them with pairs of activations (k, k + 1) into float32; per group of

@@ -1,7 +1,7 @@
 // The indices of the k largest values of each row of a (M, V) float32 or bfloat16 matrix: the candidates a
-// rescored LM head recomputes exactly (layers/quantized.py: RescoredHead). torch.topk takes ~260 µs for one
-// row of a 128k vocabulary on two cores; most values fall below the k-th best seen so far, so a scan that
-// first compares 64 values at a time with that bound touches only a few hundred of them: ~20 µs.
+// rescored LM head recomputes exactly (layers/quantized.py: RescoredHead). torch.topk sorts its way through a
+// whole row of a large vocabulary; most values fall below the k-th best seen so far, so a scan that first
+// compares 64 values at a time with that bound touches only a few hundred of them, a fraction of the time.
 //
 // Guarantees: each row's k indices are its top k under (value descending, index ascending) -- ties at the
 // k-th place go to the lower index -- in that order; the result does not depend on the thread count (every
