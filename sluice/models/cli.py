@@ -19,7 +19,7 @@ from pathlib import Path
 
 from sluice.engines.base import EngineStartError
 from sluice.models.catalogue import KNOWN_MODELS, ModelError
-from sluice.models.fetch import CACHE_ENV_VAR, default_cache_dir, fetch, is_fetched, model_dir
+from sluice.models.fetch import CACHE_ENV_VAR, fetch, is_fetched, model_dir
 
 
 def add_parser(subparsers: argparse._SubParsersAction, parents: list[argparse.ArgumentParser] | None = None
@@ -129,7 +129,8 @@ def run_export(args: argparse.Namespace) -> int:
 
 def _add_dir(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dir", metavar="DIR", type=Path, default=None,
-                        help=f"cache directory (default: ${CACHE_ENV_VAR}, else {default_cache_dir()})")
+                        help=f"cache directory (default: ${CACHE_ENV_VAR}, else the user's cache directory: "
+                             "~/.cache/sluice on Linux; 'sluice models list' shows it)")
 
 
 def _cache_dir(args: argparse.Namespace) -> Path | None:
