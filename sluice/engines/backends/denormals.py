@@ -3,8 +3,8 @@
 An attention softmax over a padded batch gives some keys probabilities below float32's smallest normal number
 (~1.2e-38), and every vector instruction that reads or writes such a *denormal* takes a microcode assist
 dozens of times slower than the plain instruction, in the softmax and again in the probabilities x values
-matmul. On MiniLM-L6, one batch of 32 texts padded to 256 tokens (what a length-sorted window's last batch
-looks like) ran in 1108 ms with denormals and 888 ms without, in float32; 742 and 553 ms in int8. The error
+matmul. A batch of texts padded to a long length (what a length-sorted window's last batch looks like) runs
+markedly faster without them, in float32 and more so in int8 (``bench/denormals.py``). The error
 of flushing them is below 1e-38 per value: no embedding or label changes. Only a model that takes the log of
 such a value sees it: -inf where it would have got about -88 to -103 (``flush_denormals: false`` is for it).
 

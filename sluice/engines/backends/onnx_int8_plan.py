@@ -26,8 +26,8 @@ rounded to a few steps. :func:`plan` finds them and picks, for each, the cheapes
 
 Calibration rows: :data:`CALIBRATION_TEXTS` (built-in, never user data) through the model's own
 ``tokenizer.json``, or random token ids where there is none. A model whose inputs are not token ids, or that
-the calibration cannot run, gets the plain plan: every matmul int8, nothing split, per-row scales. ~0.6 s
-per matmul and per input, once.
+the calibration cannot run, gets the plain plan: every matmul int8, nothing split, per-row scales. The
+calibration runs once per model (cached with the rewritten model) and its cost grows with the matmuls.
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@ chunk's packing before it is copied into place). glibc's allocator keeps most fr
 rather than returning it, and its growing mmap threshold sends temporaries of up to 32 MB to the heap after
 the first large free -- so the resident size creeps above what the live weights need, and the peak (what a
 container's memory limit sees) with it. :func:`release_freed_memory` after each matrix returns that slack
-(``malloc_trim``): on a Llama-3.2-1B-shaped Q4_0 file the peak resident size fell by about 170 MB (2.14 ->
-1.96 GB). Elsewhere than glibc it does nothing.
+(``malloc_trim``), which lowers the peak resident size of a converted model noticeably (``bench/llm_weights.py``
+reports peak RSS). Elsewhere than glibc it does nothing.
 """
 
 from __future__ import annotations

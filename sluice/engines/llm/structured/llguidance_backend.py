@@ -1,7 +1,7 @@
 """The llguidance grammar backend (Microsoft's Rust grammar engine behind ``pip install llguidance``).
 
 Why llguidance: it computes a token mask lazily from the lexer state (no ahead-of-time compilation pass
-per grammar, ~1 ms to build a JSON-schema grammar), fills masks for a batch on its own threads without the
+per grammar: a JSON-schema grammar builds quickly), fills masks for a batch on its own threads without the
 GIL, validates draft tokens and rolls back, and reads a HF ``tokenizers`` JSON directly. A compiled grammar
 here is a matcher at the start state; each request gets a deep copy of it (microseconds).
 
