@@ -46,13 +46,11 @@ class Phase:
 class StartLog:
     """The phases of one engine's start, logged under ``subject`` (``llm smollm2-135m``)."""
 
-    def __init__(self, subject: str, logger: logging.Logger | None = None) -> None:
+    def __init__(self, subject: str) -> None:
         self.subject = subject
-        self._logger = logger or log
-        self._began_s = time.monotonic()
 
     def say(self, message: str, *args: object) -> None:
-        self._logger.info(f"%s: {message}", self.subject, *args)
+        log.info(f"%s: {message}", self.subject, *args)
 
     @contextmanager
     def phase(self, name: str, announce: str | None = None) -> Iterator[Phase]:
@@ -64,6 +62,3 @@ class StartLog:
         seconds = time.monotonic() - phase.started_s
         detail = f" ({phase.detail})" if phase.detail else ""
         self.say("%s in %.1f s%s", name, seconds, detail)
-
-    def elapsed_s(self) -> float:
-        return time.monotonic() - self._began_s

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from sluice.engines.backends.base import ModelClass
+from sluice.engines.base import first_line
 from sluice.models.catalogue import ModelError
 
 log = logging.getLogger("sluice.models")
@@ -138,8 +139,8 @@ def _export_with_dynamo(torch: Any, wrapper: Any, example: tuple[Any, ...], onnx
 
 
 def _first_line(err: BaseException) -> str:
-    text = re.sub(r"\x1b\[[0-9;]*m", "", str(err)).strip()  # torch.export colours its messages
-    return f"{type(err).__name__}: {text.splitlines()[0][:200]}" if text else type(err).__name__
+    """The exception's class and first line, without torch.export's colour codes."""
+    return re.sub(r"\x1b\[[0-9;]*m", "", f"{type(err).__name__}: {first_line(err)}")[:200]
 
 
 def input_names(model: Any, segments: bool | None) -> list[str]:

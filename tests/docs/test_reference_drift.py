@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import inspect
-import typing
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -35,7 +33,8 @@ generate = _generator()
 
 
 def _models() -> Iterator[tuple[str, type[BaseModel]]]:
-    """(YAML path, model) of every section of a pipeline file, engine and task options included."""
+    """(YAML path, model) of every section of a pipeline file, engine and task options included: the sections
+    the configuration reference walks (``generate._sections``)."""
     from sluice.config import Pipeline
     from sluice.engines import registry
     from sluice.engines.tasks import registry as tasks
@@ -43,18 +42,8 @@ def _models() -> Iterator[tuple[str, type[BaseModel]]]:
     roots: list[tuple[str, Any]] = [("", Pipeline)]
     roots += [(f"engine({name})", registry.lookup(name).options) for name in registry.known_types()]
     roots += [(f"engine.task({name})", tasks.lookup(name).options) for name in tasks.names()]
-    seen: set[type[BaseModel]] = set()
-    stack = list(roots)
-    while stack:
-        path, model = stack.pop()
-        if model in seen:
-            continue
-        seen.add(model)
-        yield path, model
-        for name, field in model.model_fields.items():
-            for candidate in typing.get_args(field.annotation) or (field.annotation,):
-                if inspect.isclass(candidate) and issubclass(candidate, BaseModel):
-                    stack.append((f"{path}.{name}" if path else name, candidate))
+    for root_path, root in roots:
+        yield from generate._sections(root, root_path)
 
 
 def undescribed(models: Iterator[tuple[str, type[BaseModel]]]) -> list[str]:

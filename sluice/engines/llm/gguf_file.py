@@ -59,17 +59,21 @@ class GGUFFile:
         if bytes(self._view[:4]) != b"GGUF":
             raise ValueError(f"{self.path.name} is not a GGUF file (no GGUF magic)")
         try:
-            self._parse()
-        except (struct.error, UnicodeDecodeError, ValueError) as err:  # numpy: ValueError past the end
-            if isinstance(err, ValueError) and "GGUF" in str(err):
-                raise
-            raise ValueError(f"{self.path.name} is not a complete GGUF file ({err}): truncated or corrupt; "
-                             "copy or download it again") from None
-
-    def _parse(self) -> None:
-        version, num_tensors, num_kv = struct.unpack_from("<IQQ", self._view, 4)
+            version, num_tensors, num_kv = struct.unpack_from("<IQQ", self._view, 4)
+        except struct.error as err:
+            raise self._incomplete(err) from None
         if version not in (2, 3):
             raise ValueError(f"{self.path.name}: GGUF version {version} is not supported (2 and 3 are)")
+        try:
+            self._parse(num_tensors, num_kv)
+        except (struct.error, UnicodeDecodeError, ValueError) as err:  # numpy: ValueError past the end
+            raise self._incomplete(err) from None
+
+    def _incomplete(self, err: Exception) -> ValueError:
+        return ValueError(f"{self.path.name} is not a complete GGUF file ({err}): truncated or corrupt; copy or "
+                          "download it again")
+
+    def _parse(self, num_tensors: int, num_kv: int) -> None:
         self._offset = 24
         self.metadata: dict[str, Any] = {}
         for _ in range(num_kv):
