@@ -124,7 +124,8 @@ def _both_started_within_the_build_time(runs: dict[str, subprocess.CompletedProc
     logs = {tag: proc.stderr for tag, proc in runs.items()}
     builders = [tag for tag, log in logs.items() if "native CPU kernels: compiled in" in log]
     waiters = [tag for tag, log in logs.items() if re.search(r"native CPU kernels: waiting for process \d+ \(", log)]
-    assert len(builders) == 1 and len(waiters) == 1 and builders != waiters, logs
+    kernel_lines = {tag: [line for line in log.splitlines() if "native CPU kernels" in line] for tag, log in logs.items()}
+    assert len(builders) == 1 and len(waiters) == 1 and builders != waiters, kernel_lines
     assert "loaded the build another process finished" in logs[waiters[0]]
     build_s = float(re.search(r"native CPU kernels: compiled in (\d+) s", logs[builders[0]]).group(1))  # type: ignore[union-attr]
     for tag, log in logs.items():

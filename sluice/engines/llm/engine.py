@@ -90,7 +90,7 @@ class LLM:
         )
         if resolve_device_dtype(self.config)[0].type == "cpu" and native_cpu.enabled():
             with start.phase("native CPU kernels ready") as phase:  # compiled here at the first start (logged)
-                phase.detail = "built" if native_cpu.load() is not None else "unavailable: the torch path"
+                phase.detail = "available" if native_cpu.load() is not None else "unavailable: the torch path"
         with start.phase("built the model", announce=f"converting {len(loaded.tensors)} tensors") as phase:
             self.runner = ModelRunner(model_config, loaded.tensors, self.config, self.max_model_len,
                                       progress=lambda done, total: phase.progress(done, total, "tensors"))

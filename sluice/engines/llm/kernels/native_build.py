@@ -48,6 +48,9 @@ WAIT_S = 300.0  # longest wait on another process's build before starting withou
 FAILURE_TTL_S = 3600.0  # a failed build is not retried by new starts for this long (a compile error repeats)
 _PROGRESS_EVERY_S = 15.0
 _POLL_S = 0.2
+# The lock's holder writes owner.json just after taking it: a waiter that comes in between waits this long for
+# it before its first line, so that the line names the process it waits on.
+_OWNER_WAIT_S = 2.0
 _LAST_BUILD = "last-build.json"  # in <cache>/kernels/: how long the last build on this machine took
 
 
@@ -125,10 +128,13 @@ def _acquire(lock: TextIO, where: BuildPlace, wait_s: float, clock: Callable[[],
     except BlockingIOError:
         pass
     start = clock()
-    log.info("native CPU kernels: waiting for %s, which is compiling them into %s (up to %.0f s; then this "
-             "process starts on the torch path)", _describe_owner(where), where.directory, wait_s)
+    announced = False  # the first line waits (briefly) for the holder to write who it is
     next_line = start + _PROGRESS_EVERY_S
     while True:
+        if not announced and (where.owner_file.is_file() or clock() - start >= _OWNER_WAIT_S):
+            log.info("native CPU kernels: waiting for %s, which is compiling them into %s (up to %.0f s; then this "
+                     "process starts on the torch path)", _describe_owner(where), where.directory, wait_s)
+            announced = True
         time.sleep(_POLL_S)
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)

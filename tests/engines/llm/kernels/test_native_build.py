@@ -83,6 +83,35 @@ def test_one_process_builds_the_others_wait_for_it_and_say_on_whom(
     assert compiler.calls == 1
 
 
+def test_a_waiter_that_comes_before_the_holder_says_who_it_is_still_names_it(
+        fake: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """Two starts at the same moment: the lock is taken a moment before the holder writes who it is."""
+    import fcntl
+    import json as json_module
+
+    monkeypatch.setattr(cpp_extension, "load", FakeCompiler(0.0))
+    where = native_build.place(tmp_path, native_key.build_key())
+    where.directory.mkdir(parents=True)
+
+    def slow_holder() -> None:
+        with open(where.lock_file, "a+") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            time.sleep(0.5)
+            where.owner_file.write_text(json_module.dumps({"pid": 4242, "command": "sluice run x.yaml",
+                                                           "started": time.time()}))
+            time.sleep(0.5)
+            where.owner_file.unlink()
+
+    holder = threading.Thread(target=slow_holder)
+    holder.start()
+    time.sleep(0.1)
+    with caplog.at_level(logging.INFO, logger=native_build.log.name):
+        native_build.load_or_build(tmp_path)
+    holder.join()
+    (line,) = [r.getMessage() for r in caplog.records if "waiting for" in r.getMessage()]
+    assert "process 4242 (sluice run x.yaml" in line
+
+
 def test_a_waiter_gives_up_after_its_bound_and_starts_without_the_kernels(
         fake: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     monkeypatch.setattr(cpp_extension, "load", FakeCompiler(1.5))
