@@ -77,7 +77,29 @@ BROKEN = [
     ("bad bucket_by", GOOD.replace("max_queue_delay_ms: 5", "max_queue_delay_ms: 5\n  bucket_by: chars"), {},
      ["batching.bucket_by (line 9)", "expected one of"]),
     ("delivery unknown", GOOD + "delivery: at_most_once\n", {}, ["delivery (line 17)", "expected one of"]),
+    # client settings the guarantees rest on: refused, naming what governs them
+    ("consumer auto commit", GOOD.replace("group_id: g", "group_id: g\n    config: {enable.auto.commit: true}"), {},
+     ["source.kafka.config (line 6)", "'enable.auto.commit' cannot be set here", "`delivery`"]),
+    ("consumer isolation", GOOD.replace("group_id: g", "group_id: g\n    config: {isolation.level: read_uncommitted}"),
+     {}, ["source.kafka.config", "'isolation.level'", "committed records only"]),
+    ("consumer group id", GOOD.replace("group_id: g", "group_id: g\n    config: {group.id: other}"), {},
+     ["'group.id'", "source.kafka.group_id"]),
+    ("producer acks", GOOD.replace("topic: out", "topic: out\n    config: {acks: 1}"), {},
+     ["sink.kafka.config (line 15)", "'acks' cannot be set here", "acks=all"]),
+    ("producer idempotence", GOOD.replace("topic: out", "topic: out\n    config: {enable.idempotence: false}"), {},
+     ["sink.kafka.config", "'enable.idempotence'", "idempotent"]),
+    ("producer transactional id", GOOD.replace("topic: out", "topic: out\n    config: {transactional.id: t}"), {},
+     ["'transactional.id'", "delivery.exactly_once.transactional_id"]),
+    ("stall timeout", GOOD + "runtime:\n  stall_timeout_s: 0\n", {}, ["runtime.stall_timeout_s", "greater than 0"]),
 ]
+
+
+def test_other_client_settings_pass_through() -> None:
+    text = GOOD.replace("group_id: g", "group_id: g\n    config: {fetch.max.bytes: 1048576, group.instance.id: me}")
+    p = parse_pipeline(text.replace("topic: out", "topic: out\n    config: {compression.type: zstd}"),
+                       environ={}).pipeline
+    assert p.source.kafka.config == {"fetch.max.bytes": 1048576, "group.instance.id": "me"}
+    assert p.sink.kafka.config == {"compression.type": "zstd"}
 
 
 @pytest.mark.parametrize(("name", "text", "env", "fragments"), BROKEN, ids=[b[0] for b in BROKEN])

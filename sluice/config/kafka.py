@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, SecretStr, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 
+from sluice.config import client_settings
 from sluice.config.base import Section
 
 
@@ -73,7 +74,14 @@ class KafkaSource(Section):
     a crash gets its partitions back at once, without a rebalance. A `group.instance.id` in `config`
     replaces it."""
     config: dict[str, str | int | float | bool] = Field(default_factory=dict)
-    """librdkafka consumer settings passed through as they are (they override `security`)."""
+    """librdkafka consumer settings passed through as they are (they override `security`); those the
+    delivery guarantees rest on, or that have an option above, are refused."""
+
+    @field_validator("config")
+    @classmethod
+    def _not_guarded(cls, config: dict[str, str | int | float | bool]) -> dict[str, str | int | float | bool]:
+        client_settings.refuse_guarded(config, client_settings.CONSUMER)
+        return config
 
 
 class KafkaSink(Section):
@@ -85,4 +93,11 @@ class KafkaSink(Section):
     """SASL and TLS of the output cluster; on the source's cluster (no `bootstrap_servers` of its own) the
     source's."""
     config: dict[str, str | int | float | bool] = Field(default_factory=dict)
-    """librdkafka producer settings passed through as they are."""
+    """librdkafka producer settings passed through as they are; those the delivery guarantees rest on, or
+    that have an option above, are refused."""
+
+    @field_validator("config")
+    @classmethod
+    def _not_guarded(cls, config: dict[str, str | int | float | bool]) -> dict[str, str | int | float | bool]:
+        client_settings.refuse_guarded(config, client_settings.PRODUCER)
+        return config
