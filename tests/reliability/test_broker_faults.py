@@ -95,3 +95,37 @@ def test_partition_leader_loss(kafka_cluster3: KafkaCluster, tmp_path: Path,
     finally:
         for node in killed:  # leave the module's cluster whole for its teardown
             kafka_cluster3.start_node(node)
+
+
+def test_a_20_s_outage_is_a_handful_of_log_lines_and_the_stream_goes_on(tmp_path: Path) -> None:
+    """The one broker down for 20 s while records flow: the log says it lost the brokers, maybe how long they
+    have been gone, and when they are back -- not every failed connection attempt (at most 10 lines)."""
+    cluster = KafkaCluster.start(tmp_path / "kafka", num_nodes=1)
+    bootstrap = cluster.bootstrap
+    topics = make_topics(bootstrap, partitions=3)
+    t_in, t_out, _ = topics
+    produce(bootstrap, t_in, sequenced(30_000))  # about 30 s of work: records flow into the outage
+    group = unique_topic("g")
+    pipeline = write_pipeline(tmp_path / "p.yaml", bootstrap, topics, group)
+    op = Operator(pipeline, tmp_path / "op.log", env=ENV)
+    progress = Progress(bootstrap, t_out)
+    try:
+        wait_until(lambda: progress.count() >= 500, 120, "the stream to start", (op,))
+        before = len(op.log().splitlines())
+        cluster.kill_node(1, signal="KILL")
+        time.sleep(20)
+        during = op.log().splitlines()[before:]
+        cluster.start_node(1)
+        wait_until(lambda: all_committed(bootstrap, group, t_in), 180, "every input to be committed", (op,),
+                   interval_s=0.5)
+        after = op.log().splitlines()[before:]
+        assert op.terminate() == 0, op.log()[-3000:]
+    finally:
+        progress.close()
+        op.close()
+        cluster.stop()
+    shown = "\n".join(after)
+    print(f"\n{len(during)} lines in the 20 s outage, {len(after)} until every input was committed:\n{shown}")
+    assert len(during) <= 10, shown
+    assert any("lost the brokers" in line for line in during), shown
+    assert any("brokers reachable again" in line for line in after), shown

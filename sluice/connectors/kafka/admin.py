@@ -46,4 +46,5 @@ class TopicLimits:
 def _producer_only(key: str) -> bool:
     """Producer settings an admin client refuses or has no use for."""
     return key in ("enable.idempotence", "acks", "linger.ms", "queue.buffering.max.messages", "transactional.id",
-                   "transaction.timeout.ms", "logger", "message.max.bytes") or key.startswith("batch.")
+                   "transaction.timeout.ms", "logger", "message.max.bytes", "stats_cb",
+                   "statistics.interval.ms") or key.startswith("batch.")

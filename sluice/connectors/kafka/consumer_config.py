@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from typing import Any
 
 from sluice.config import KafkaSource as KafkaSourceConfig
+from sluice.connectors.kafka.connectivity import librdkafka_logger
 from sluice.connectors.kafka.security import security_config
 
 
@@ -28,7 +28,7 @@ def consumer_config(cfg: KafkaSourceConfig, commit_interval_ms: int, transaction
         "auto.commit.interval.ms": commit_interval_ms,
         "auto.offset.reset": cfg.auto_offset_reset,
         "enable.partition.eof": False,
-        "logger": logging.getLogger("sluice.librdkafka.consumer"),
+        "logger": librdkafka_logger("consumer"),
         # librdkafka's statistics carry each partition's consumer lag; parsed every few seconds.
         "statistics.interval.ms": 5000,
         "stats_cb": stats_cb,

@@ -7,6 +7,7 @@ ledger. Delivery reports are served only on the thread that calls :meth:`KafkaSi
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -18,6 +19,12 @@ from confluent_kafka import TopicPartition as KafkaTopicPartition
 
 from sluice.config import KafkaSink as KafkaSinkConfig
 from sluice.connectors.kafka.admin import TopicLimits
+from sluice.connectors.kafka.connectivity import (
+    ConnectivityLog,
+    any_broker_up,
+    is_connectivity,
+    librdkafka_logger,
+)
 from sluice.connectors.kafka.security import security_config
 from sluice.operator.ports import ProduceFailed
 from sluice.operator.record import TopicPartition
@@ -32,6 +39,7 @@ class KafkaSink:
 
     def __init__(self, bootstrap_servers: str, cfg: KafkaSinkConfig | None = None,
                  transactional_id: str | None = None, transaction_timeout_ms: int = 60_000) -> None:
+        self._connectivity = ConnectivityLog("kafka producer", log, time.monotonic)
         conf: dict[str, Any] = {
             "bootstrap.servers": bootstrap_servers,
             # No duplicates or reordering from the producer's own retries, and a write counts only once
@@ -41,9 +49,12 @@ class KafkaSink:
             # A few ms of lingering turns per-record produce calls into broker-sized batches.
             "linger.ms": 5,
             "queue.buffering.max.messages": 500_000,
-            "logger": logging.getLogger("sluice.librdkafka.producer"),
+            "logger": librdkafka_logger("producer"),
             # without it, confluent-kafka raises a fatal error (a fenced producer) out of poll() and flush()
             "error_cb": self._on_error,
+            # the brokers' states, to say when they are reachable again after an outage (connectivity.py)
+            "statistics.interval.ms": 5000,
+            "stats_cb": self._on_stats,
         }
         if transactional_id is not None:
             conf.update({"transactional.id": transactional_id, "transaction.timeout.ms": transaction_timeout_ms})
@@ -124,7 +135,7 @@ class KafkaSink:
             return len(self._producer)
         return left
 
-    def __len__(self) -> int:
+    def num_pending(self) -> int:
         return len(self._producer)
 
     def _on_error(self, err: KafkaError) -> None:
@@ -133,8 +144,17 @@ class KafkaSink:
         delivery and the next produce or transaction call, which stop the operator; this says why."""
         if err.fatal():
             log.error("kafka producer: fatal error: %s%s", err.str(), self._hint(err))
-        else:  # transient (broker down, leader moving): librdkafka retries by itself
+        elif is_connectivity(err):  # librdkafka retries by itself; logged by change, not per attempt
+            self._connectivity.error(err.str())
+        else:  # transient (leader moving...): librdkafka retries by itself
             log.warning("kafka producer: %s", err.str())
+
+    def _on_stats(self, stats_json: str) -> None:
+        try:
+            if any_broker_up(json.loads(stats_json)):
+                self._connectivity.reachable()
+        except ValueError as err:
+            log.debug("unreadable librdkafka statistics: %s", err)
 
     def _hint(self, err: KafkaError) -> str:
         if err.fatal() and self._transactional:

@@ -18,6 +18,7 @@ from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, 
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 
 from sluice.config import KafkaSource as KafkaSourceConfig
+from sluice.connectors.kafka.connectivity import ConnectivityLog, any_broker_up, is_connectivity
 from sluice.connectors.kafka.consumer_config import consumer_config
 from sluice.connectors.kafka.fencing import RejoinBudget, is_fenced_instance
 from sluice.operator.ports import PartitionsCallback, SourceFailed
@@ -40,6 +41,7 @@ class KafkaSource:
         ``group_instance_id``: static group membership (a ``group.instance.id`` in ``cfg.config`` wins)."""
         self.cfg = cfg
         self._clock = clock
+        self._connectivity = ConnectivityLog("kafka consumer", log, clock)
         self.transactional = transactional
         conf = consumer_config(cfg, commit_interval_ms, transactional, group_instance_id, self._on_stats)
         self._conf = conf
@@ -199,6 +201,8 @@ class KafkaSource:
     def _on_stats(self, stats_json: str) -> None:
         try:
             stats = json.loads(stats_json)
+            if any_broker_up(stats):
+                self._connectivity.reachable()
             lag = {}
             for topic, t in stats.get("topics", {}).items():
                 for part, p in t.get("partitions", {}).items():
@@ -276,7 +280,10 @@ class KafkaSource:
                         "source.kafka.static_membership: false or a group.instance.id of your own per process)")
             raise SourceFailed(f"kafka consumer: fatal error: {err.str()}{hint}")
         # Transient: broker down, leader moving... librdkafka retries by itself.
-        log.warning("kafka consumer: %s", err.str())
+        if is_connectivity(err):
+            self._connectivity.error(err.str())
+        else:
+            log.warning("kafka consumer: %s", err.str())
 
     def _rejoin(self, err: KafkaError) -> None:
         """Replace the fenced consumer with a new one under the same id: its partitions are lost (nothing of
