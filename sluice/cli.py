@@ -2,7 +2,8 @@
 
 Every error is one line on stderr and a non-zero exit code, in every command and every phase of a start; a
 failure no command foresaw too (``--debug`` prints its traceback above the line). SIGINT / SIGTERM before a
-pipeline runs (a model load, a fetch) stop at once with one line and exit code 130 / 143.
+pipeline runs (a model load, a fetch) stop at once with one line and exit code 130 / 143; while it runs, the
+first drains and stops it (exit 0), a second stops it at once (exit 130 / 143, nothing undelivered committed).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import os
 import signal
 import sys
 import threading
@@ -119,7 +121,8 @@ def _parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="run a pipeline until SIGINT/SIGTERM", parents=common,
                          description="Run a pipeline. SIGINT/SIGTERM stops intake, drains in-flight batches, "
-                                     "commits what is done and exits 0. SIGHUP (or 'sluice reload') loads the "
+                                     "commits what is done and exits 0; a second one stops at once, "
+                                     "committing only what was delivered (exit 130/143). SIGHUP (or 'sluice reload') loads the "
                                      "model again beside the serving one and switches to it between two batches.")
     run.add_argument("pipeline", type=Path, help="pipeline YAML file")
     run.add_argument("--max-records", type=int, metavar="N", help="stop after consuming N records")
@@ -207,9 +210,16 @@ def _run(args: argparse.Namespace) -> int:
     except Interrupted as stop:
         raise Interrupted(stop.signum, " while starting; nothing was consumed") from None
 
+    signals: list[int] = []
+
     def on_signal(signum: int, _: FrameType | None) -> None:
-        log.info("%s received: draining and stopping", signal.Signals(signum).name)
-        runner.stop()
+        signals.append(signum)
+        if len(signals) == 1:
+            log.info("%s received: draining and stopping (send it again to stop at once)",
+                     signal.Signals(signum).name)
+            runner.stop()
+        else:
+            runner.force()
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
@@ -218,7 +228,8 @@ def _run(args: argparse.Namespace) -> int:
     try:
         summary = runner.run()
     finally:
-        runner.engine.close()  # the engine serving at the end (after a reload, not the one built first)
+        if not runner.abandoned_engine:  # a forced stop may leave the engine inside a call: the exit ends it
+            runner.engine.close()  # the engine serving at the end (after a reload, not the one built first)
         if announced is not None:
             announced.release()
     log.info("stopped: %d in, %d out, %d dead-lettered, %d batches (mean size %.1f) in %.1f s",
@@ -227,6 +238,14 @@ def _run(args: argparse.Namespace) -> int:
     if summary.error:
         print(f"sluice: stopped on error: {summary.error}", file=sys.stderr)
         return EXIT_FAILED
+    if runner.forced:
+        print(f"sluice: stopped by a second {signal.Signals(signals[-1]).name}: what was not delivered is "
+              "uncommitted and will be processed again", file=sys.stderr)
+        if runner.abandoned_engine:  # the engine thread cannot be joined: leave without the interpreter's teardown
+            logging.shutdown()
+            sys.stderr.flush()
+            os._exit(128 + signals[-1])
+        return 128 + signals[-1]
     return EXIT_OK
 
 

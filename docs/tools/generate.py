@@ -193,14 +193,16 @@ def metrics_md() -> str:
     stats.models.record_reload(ReloadOutcome("failed", model, 1.0, "start", "reason"))
     decision = types.SimpleNamespace(size=1, service_s=0.01, rate_per_s=1.0)
     collector = OperatorCollector(stats, "pipeline", engine_stats=lambda: LLMStats(0, 0, 0.0, 0.0, 0, 0, 0),
-                                  token_rates=lambda: (1.0, 1.0), batching=lambda: decision)
+                                  token_rates=lambda: (1.0, 1.0), batching=lambda: decision,
+                                  stalls=lambda: {"engine": False})
     families = sorted(collector.collect(), key=lambda f: f.name)
     out = [GENERATED_NOTE.format(source="sluice/telemetry/metrics.py (the collector, run with every part present)"),
            "# Metrics reference", "",
            "Served at `/metrics` when `telemetry.metrics.enabled` is true. Counters are exposed with the "
            "`_total` suffix, histograms as `_bucket`, `_sum` and `_count`. The `llm` rows appear for the `llm` "
            "engine only, the `adaptive` ones with `batching.latency_target_ms`, the reload ones once a model "
-           "serves. How to use them: [Operating Sluice](../operating.md#metrics).", "",
+           "serves. The standard `process_*` (memory, CPU, open files) and `python_*` metrics of the Prometheus "
+           "client come with them. How to use them: [Operating Sluice](../operating.md#metrics).", "",
            "| metric | type | labels | meaning |", "|---|---|---|---|"]
     for family in families:
         name = f"{family.name}_total" if family.type == "counter" else family.name

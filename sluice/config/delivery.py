@@ -14,6 +14,11 @@ class Runtime(Section):
     """Records between poll and delivery; a partition over its share of it is paused (and still polled)."""
     commit_interval_ms: int = Field(default=1000, ge=10)
     """How often the completed-offset watermark is committed."""
+    stall_timeout_s: float = Field(default=120.0, gt=0)
+    """A part of the operator -- the poll loop, the engine, the delivery reports -- that owes work and gets
+    none of it done for this long is stalled: `/healthz` answers 503 naming it (a liveness probe restarts
+    the process), a warning is logged and `sluice_progress_stalled` is 1 for it. Set it above the longest batch (or
+    LLM step) and the longest broker outage the process should ride out without a restart."""
 
 
 class ExactlyOnce(Section):

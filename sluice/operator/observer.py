@@ -37,6 +37,10 @@ class Observer:
         """Intake thread, once, before ``started``: the source ends by itself (files, ``--until-end``), so the
         lag given to ``tick`` is what is left to do (progress and an ETA can be shown)."""
 
+    def watching(self, watchdog: Any) -> None:
+        """Intake thread, once, before ``started``: the run's progress
+        :class:`~sluice.operator.watchdog.Watchdog`; its ``check()`` may be called from any thread."""
+
     def started(self) -> None:
         """Intake thread, once, before the first poll (the engine is started and warmed up by then)."""
 
@@ -80,6 +84,9 @@ class Observer:
 
     def tick(self, now_s: float, num_in_flight: int, lag: dict[TopicPartition, int]) -> None:
         """Intake thread, about once a second: a moment for status lines and gauges."""
+
+    def stopping(self) -> None:
+        """Intake thread, once: the run stops taking records and drains (readiness ends here)."""
 
     def stopped(self) -> None:
         """Intake thread, once, after the final commit (or when the operator fails to start after the observer

@@ -93,6 +93,9 @@ class Sink(Protocol):
     def flush(self, timeout_s: float) -> int:
         """Wait for every queued record's report; returns how many are still outstanding."""
 
+    def num_pending(self) -> int:
+        """Records produced whose report has not been served yet (any thread: the health check reads it)."""
+
     def max_message_bytes(self, topic: str) -> int:
         """The largest record ``topic`` accepts (value, key and headers)."""
 

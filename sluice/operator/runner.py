@@ -45,7 +45,8 @@ from sluice.operator.record import TopicPartition, names
 from sluice.operator.reload.reloader import Reloader
 from sluice.operator.serving import Engine, Serving
 from sluice.operator.stalls import StallingDecoder, Stalls
-from sluice.operator.state import RunSummary, SharedState
+from sluice.operator.state import ForcedStop, RunSummary, SharedState
+from sluice.operator.watchdog import Probe, Watchdog
 from sluice.operator.worker import EngineThread, EngineWorker
 from sluice.schemas.codec import RecordCodec
 
@@ -104,6 +105,9 @@ class Runner:
                                          self.intake.is_stalled)
         self.delivery = delivery_type(p, self.state, source, sink, clock)
         self._stop = threading.Event()
+        self._turns, self._looping = 0, False  # the poll loop's progress, for the watchdog
+        self.watchdog = Watchdog({"poll loop": self._loop_probe, "engine": self._engine_probe,
+                                  "delivery": self._delivery_probe}, p.runtime.stall_timeout_s, clock)
         self._reload_asked = False
         self._on_close = tuple(on_close)
         # when partitions were last (re)assigned or rewound: records may come again, so idle time starts over
@@ -114,6 +118,22 @@ class Runner:
     def stop(self) -> None:
         """Ask for a graceful stop (safe from signal handlers and other threads)."""
         self._stop.set()
+
+    def force(self) -> None:
+        """Stop now, even in the middle of the drain (a second signal; safe from signal handlers): wait for
+        no batch and no delivery, commit only what is delivered, abort an open transaction. An engine call
+        still running is left to the process's exit (:attr:`abandoned_engine`)."""
+        self.state.force()
+        self._stop.set()
+
+    @property
+    def forced(self) -> bool:
+        return self.state.forced
+
+    @property
+    def abandoned_engine(self) -> bool:
+        """After :meth:`run`: a forced stop left the engine thread inside an engine call."""
+        return self.forced and self.worker.is_alive()
 
     def reload(self) -> None:
         """Ask for a model reload now (safe from signal handlers: a flag the poll loop reads)."""
@@ -136,13 +156,16 @@ class Runner:
             self.reloader.start()
         if self.source.bounded:
             self.observer.bounded()
+        self.observer.watching(self.watchdog)
         self.observer.started()
         last_record = last_tick = started
         try:
             self.delivery.start(started)
             if state.stop_reason is None:
                 self.source.subscribe(self._on_assign, self._on_revoke, self._on_lost)
+            self._looping = True
             while not self._stop.is_set() and state.stop_reason is None:
+                self._turns += 1
                 self.backpressure.apply()
                 limit = self.backpressure.poll_limit(
                     None if self.max_records is None else self.max_records - self.summary.num_in)
@@ -164,14 +187,21 @@ class Runner:
                     self._start_over()
                 if now - last_tick >= _TICK_S:
                     self.observer.tick(now, state.ledger.num_in_flight, self.source.lag())
+                    self._log_stalls()
                     last_tick = now
                 if self._finished(now, last_record):
                     break
         except SourceFailed as err:
             state.stop(str(err))
+        except ForcedStop as err:  # a commit or a revoke waited for the engine: it does not happen
+            log.debug("%s", err)
         finally:
+            self._looping = False  # the drain is bounded by its own timeout
+            self.observer.stopping()
             try:
                 self._shutdown()
+            except ForcedStop as err:  # the consumer's close revoked and waited for the engine
+                log.debug("%s", err)
             finally:
                 for close in self._on_close:
                     close()
@@ -233,6 +263,31 @@ class Runner:
             self.intake.hand_over(ready)
         self.intake.follow_switch()  # ...and from then on, records are prepared by the new engine
 
+    # --------------------------------------------------------------------------------------- watchdog
+
+    def _loop_probe(self) -> Probe:
+        return Probe(self._looping, self._turns)
+
+    def _engine_probe(self) -> Probe:
+        state = self.state
+        queued = len(state.batcher)
+        return Probe(queued > 0 or state.busy, state.num_steps,
+                     f"{queued} records queued" + (", a batch running" if state.busy else ""))
+
+    def _delivery_probe(self) -> Probe:
+        pending = self.sink.num_pending()
+        summary = self.summary
+        return Probe(pending > 0, summary.num_out + summary.num_dead_lettered,
+                     f"{pending} outputs waiting for acknowledgement")
+
+    def _log_stalls(self) -> None:
+        stalled, recovered = self.watchdog.changes()
+        for stall in stalled:
+            log.warning("stalled: %s (/healthz answers 503 until it moves; runtime.stall_timeout_s is %g)",
+                        stall.reason, self.watchdog.stall_after_s)
+        for stall in recovered:
+            log.info("%s moves again", stall.part)
+
     # --------------------------------------------------------------------------------------- shutdown
 
     def _finished(self, now: float, last_record: float) -> bool:
@@ -246,20 +301,26 @@ class Runner:
 
     def _shutdown(self) -> None:
         """Stop taking records, drain in-flight batches within the drain timeout, commit, close."""
+        """Stop taking records, drain in-flight batches within the drain timeout, commit, close. A forced stop
+        (:meth:`force`, also in the middle of this) cuts every wait short."""
         deadline = self.clock() + self.pipeline.runtime.drain_timeout_s
         self.state.drain()
-        while self.worker.is_alive() and self.clock() < deadline:
+        while self.worker.is_alive() and self.clock() < deadline and not self.forced:
             self.sink.poll(0.05)  # serve delivery reports while the engine drains
         self.state.stop_engine()  # the engine thread takes no further batch
-        if self.worker.is_alive():
+        if self.worker.is_alive() and not self.forced:
             # An engine call cannot be interrupted; wait for the current batch rather than tear the engine
             # down under it. Its outputs are produced, just too late to be committed in this run.
-            log.warning("drain timeout: waiting for the engine to finish its current batch")
-            while self.worker.is_alive():
+            log.warning("drain timeout: waiting for the engine to finish its current batch "
+                        "(a second SIGINT / SIGTERM stops without it)")
+            while self.worker.is_alive() and not self.forced:
                 self.sink.poll(0.05)
+        if self.forced:
+            log.warning("forced stop: committing only what is delivered%s",
+                        "; the engine's current call is abandoned" if self.worker.is_alive() else "")
         if self.reloader is not None:  # closes every engine it built that does not serve at the end
-            self.reloader.stop(deadline - self.clock())
-        self.delivery.shutdown(deadline)
+            self.reloader.stop(0 if self.forced else deadline - self.clock())
+        self.delivery.shutdown(deadline, forced=self.forced)
         self.source.close()
 
 

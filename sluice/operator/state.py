@@ -15,9 +15,11 @@ field                written by
                      engine thread (``release`` as outputs are produced)
 ``summary``          intake (records in, out, dead-lettered); engine thread (batches)
 ``busy``             engine thread: it holds a batch (or a step) it has not finished producing
+``num_steps``        engine thread: batches (steps) finished; read without the lock by the watchdog
 ``hold``             the delivery strategy (intake): the engine thread must not take new work
 ``draining``         shutdown: take every queued record, due or not, then exit
 ``stopped``          shutdown, or :meth:`stop` on a fatal error: the engine thread exits now
+``forced``           :meth:`force` (a second signal; written without the lock, from a signal handler)
 ``abandoned``        rebalances and rewinds: running requests of these partitions are to be aborted
 ``next_model``,      a reload's switch, :class:`Switch`: the intake offers the new model
 ``switch``           (:meth:`offer_model`) and follows (:meth:`queue`, :meth:`follow_switch`); the engine
@@ -43,6 +45,11 @@ from sluice.operator.record import InputRecord, Pending, TopicPartition
 from sluice.operator.serving import Serving
 
 log = logging.getLogger(__name__)
+
+
+class ForcedStop(Exception):
+    """A forced stop (a second signal) cut a wait for the engine short: what waited -- a commit, a revoke's
+    flush -- does not happen; the runner aborts what is open and commits only what is delivered."""
 
 
 class Switch(enum.Enum):
@@ -93,9 +100,11 @@ class SharedState:
         self.adaptive = adaptive  # batching to a latency target, when configured
         self.summary = RunSummary()
         self.busy = False
+        self.num_steps = 0  # batches (LLM steps) the engine thread finished: its progress, for the watchdog
         self.hold = False
         self.draining = False
         self.stopped = False
+        self.forced = False
         self.abandoned: set[TopicPartition] = set()
         self.abandon_all = False
         self.next_model: Serving | None = None
@@ -125,7 +134,8 @@ class SharedState:
     def engine_held(self, serve: Callable[[float], Any]) -> Iterator[None]:
         """Within the block the engine thread takes no new batch and has finished its current one. Waiting
         for it, ``serve(0)`` serves delivery reports (the engine thread may be waiting for room to produce).
-        Used by the delivery strategy around flushes and commits."""
+        Used by the delivery strategy around flushes and commits. Raises :class:`ForcedStop` once the stop
+        is forced while it waits: the block does not run."""
         with self.cond:
             self.hold = True
         try:
@@ -134,6 +144,8 @@ class SharedState:
                     if not self.busy or self.stopped:
                         break
                     self.cond.wait(0.05)
+                if self.forced:
+                    raise ForcedStop("forced stop while waiting for the engine's current batch")
                 serve(0)
             yield
         finally:
@@ -149,6 +161,11 @@ class SharedState:
             if self._stop_reason is not None:
                 self.stopped = True
             self.cond.notify_all()
+
+    def force(self) -> None:
+        """A forced stop: waits for the engine give up (:meth:`engine_held` raises :class:`ForcedStop`).
+        Safe from a signal handler: it sets a flag that the waits read, nothing else."""
+        self.forced = True
 
     def stop_engine(self) -> None:
         """The engine thread takes no further batch and exits."""

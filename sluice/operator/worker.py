@@ -63,6 +63,7 @@ class EngineThread(threading.Thread, ABC, Generic[W]):
                 finally:
                     with s.cond:
                         s.busy = False
+                        s.num_steps += 1
                         s.cond.notify_all()
         except BaseException as err:
             log.exception("engine thread failed")

@@ -1,6 +1,8 @@
 """One small HTTP server on a daemon thread: ``/metrics`` (Prometheus), ``/healthz`` and ``/readyz``.
 
-* ``/healthz`` -- 200 while the process serves requests at all (liveness).
+* ``/healthz`` -- 200 while every part of the run that owes work gets some done (a model load included);
+  503 with the stalled parts in the body once one has made no progress for ``runtime.stall_timeout_s``
+  (liveness: sluice/operator/watchdog.py).
 * ``/readyz``  -- 200 once the engine is warmed up and at least one partition is assigned, 503 with the
   reason otherwise (readiness: a Kubernetes Service or a rollout waits for it).
 * ``/metrics`` -- the runner's private registry in the Prometheus text format.
@@ -23,13 +25,15 @@ log = logging.getLogger(__name__)
 
 # () -> None when ready, else the reason it is not (one line for the 503 body)
 Readiness = Callable[[], str | None]
+Health = Callable[[], str | None]  # () -> None when healthy, else the stalled parts (one line)
 
 
 class TelemetryServer:
     """Serves the three endpoints for one runner. ``port`` is the bound port (useful with port 0)."""
 
-    def __init__(self, host: str, port: int, registry: CollectorRegistry, readiness: Readiness) -> None:
-        handler = _handler(registry, readiness)
+    def __init__(self, host: str, port: int, registry: CollectorRegistry, readiness: Readiness,
+                 health: Health = lambda: None) -> None:
+        handler = _handler(registry, readiness, health)
         try:
             self._server = ThreadingHTTPServer((host, port), handler)
         except OSError as err:
@@ -51,7 +55,7 @@ class TelemetryServer:
         self._server.server_close()
 
 
-def _handler(registry: CollectorRegistry, readiness: Readiness) -> type[BaseHTTPRequestHandler]:
+def _handler(registry: CollectorRegistry, readiness: Readiness, health: Health) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 - http.server's naming
             path = self.path.split("?", 1)[0]
@@ -62,7 +66,11 @@ def _handler(registry: CollectorRegistry, readiness: Readiness) -> type[BaseHTTP
                     log.exception("metrics scrape failed")
                     self._send(500, f"metrics unavailable: {err}\n".encode())
             elif path == "/healthz":
-                self._send(200, b"ok\n")
+                stalled = health()
+                if stalled is None:
+                    self._send(200, b"ok\n")
+                else:
+                    self._send(503, f"stalled: {stalled}\n".encode())
             elif path == "/readyz":
                 reason = readiness()
                 if reason is None:

@@ -73,8 +73,10 @@ class OperatorCollector(Collector):
     def __init__(self, stats: OperatorStats, pipeline: str,
                  engine_stats: Callable[[], Any] | None = None,
                  token_rates: Callable[[], tuple[float, float] | None] | None = None,
-                 batching: Callable[[], Any] | None = None) -> None:
+                 batching: Callable[[], Any] | None = None,
+                 stalls: Callable[[], dict[str, bool]] | None = None) -> None:
         self.stats = stats
+        self.stalls = stalls  # part -> stalled now (the progress watchdog), empty before the run
         self.pipeline = pipeline
         self.engine_stats = engine_stats
         self.token_rates = token_rates
@@ -114,6 +116,15 @@ class OperatorCollector(Collector):
                        values, s.num_stalls)
         yield _counter("sluice_registry_stall_retries", "Retries of stalled records that found the schema registry "
                        "still unavailable", labels, values, s.num_stall_retries)
+        if self.stalls is not None:
+            parts = self.stalls()
+            if parts:
+                stalled = GaugeMetricFamily("sluice_progress_stalled", "1 while the part owes work and has made "
+                                            "no progress for runtime.stall_timeout_s (/healthz answers 503)",
+                                            labels=["pipeline", "part"])
+                for part, is_stalled in parts.items():
+                    stalled.add_metric([self.pipeline, part.replace(" ", "_")], float(is_stalled))
+                yield stalled
         yield from self._reloads(s.models)
         yield from self._adaptive(labels, values)
         yield from self._llm(s.models)
@@ -195,9 +206,14 @@ class OperatorCollector(Collector):
 
 
 def new_registry(collector: OperatorCollector) -> CollectorRegistry:
-    """A private registry holding only this runner's collector."""
+    """A private registry holding this runner's collector and the standard process, platform and garbage
+    collector metrics (``process_*``: memory, CPU, open files; ``python_*``)."""
+    from prometheus_client import GC_COLLECTOR, PLATFORM_COLLECTOR, PROCESS_COLLECTOR
+
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)
+    for standard in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
+        registry.register(standard)
     return registry
 
 

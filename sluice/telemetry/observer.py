@@ -65,14 +65,18 @@ class TelemetryObserver(Observer):
         self.token_rates: tuple[float, float] | None = None  # (prompt, output) tokens/s over the last tick
         self.batching: Any = None  # the adaptive batcher's latest decision (latency_target_ms only)
         self.server: TelemetryServer | None = None
+        self.watchdog: Any = None  # the run's progress watchdog (sluice/operator/watchdog.py), once it runs
+        self._stopping = False
         if cfg.metrics.enabled:
             from sluice.telemetry.http import TelemetryServer
             from sluice.telemetry.metrics import OperatorCollector, new_registry
 
             collector = OperatorCollector(self.stats, pipeline.name, engine_stats=self._engine_stats,
-                                          token_rates=lambda: self.token_rates, batching=lambda: self.batching)
+                                          token_rates=lambda: self.token_rates, batching=lambda: self.batching,
+                                          stalls=self.stalls)
             self.registry = new_registry(collector)
-            self.server = TelemetryServer(cfg.metrics.host, cfg.metrics.port, self.registry, self.readiness)
+            self.server = TelemetryServer(cfg.metrics.host, cfg.metrics.port, self.registry, self.readiness,
+                                          self.health)
 
     # ------------------------------------------------------------------------------------- lifecycle
 
@@ -87,13 +91,34 @@ class TelemetryObserver(Observer):
     def model_reloaded(self, outcome: ReloadOutcome) -> None:
         self.stats.models.record_reload(outcome)
 
+    def stalls(self) -> dict[str, bool]:
+        """Each watched part and whether it is stalled now (empty before the run starts)."""
+        if self.watchdog is None:
+            return {}
+        stalled = {s.part for s in self.watchdog.check()}
+        return {part: part in stalled for part in self.watchdog.parts}
+
+    def health(self) -> str | None:
+        """None while every part that owes work gets some done (a model load counts as progress), else
+        which parts have stalled and for how long."""
+        if self.watchdog is None:
+            return None
+        stalls = self.watchdog.check()
+        return "; ".join(s.reason for s in stalls) if stalls else None
+
     def readiness(self) -> str | None:
-        """None when ready (engine warmed up, a partition assigned), else why not."""
+        """None when ready (engine warmed up, a partition assigned, nothing stalled, not stopping), else why
+        not."""
+        if self._stopping:
+            return "stopping"
         if self._engine is None:
             return "the engine is warming up"
         if self.stats.num_assigned == 0:
             return "no partition assigned yet"
-        return None
+        return self.health()
+
+    def watching(self, watchdog: Any) -> None:
+        self.watchdog = watchdog
 
     def bounded(self) -> None:
         if self.status is not None:
@@ -113,6 +138,9 @@ class TelemetryObserver(Observer):
         self._tick_tokens(now_s)
         if self.status is not None:
             self.status.tick(now_s)
+
+    def stopping(self) -> None:
+        self._stopping = True
 
     def stopped(self) -> None:
         if self.status is not None:

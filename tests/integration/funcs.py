@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -16,6 +17,16 @@ def tag(texts: list[str]) -> list[str]:
 
 def slow_tag(texts: list[str]) -> list[str]:
     time.sleep(0.02)  # a slow model: keeps records in flight when the test sends SIGTERM
+    return tag(texts)
+
+
+UNHANG = threading.Event()  # set by the test that made ``hang_on_request`` hang
+
+
+def hang_on_request(texts: list[str]) -> list[str]:
+    """A model call that never returns (until the test lets it) on a batch holding "hang"."""
+    if any("hang" in t for t in texts):
+        UNHANG.wait(120)
     return tag(texts)
 
 

@@ -177,3 +177,53 @@ def test_metrics_count_every_record_and_readiness_waits_for_warm_up_and_partitio
     assert not thread.is_alive()
     with pytest.raises(urllib.error.URLError):  # the server stops with the runner
         get(port, "/healthz")
+
+
+def test_a_hung_engine_turns_healthz_to_503_within_the_bound_and_back_once_it_moves(kafka_bootstrap: str,
+                                                                                   tmp_path: Path) -> None:
+    from tests.integration import funcs
+
+    path, t_in, _, _ = pipeline_with(tmp_path / "p.yaml", kafka_bootstrap,
+                                     {"metrics": {"enabled": True, "port": 0}, "status": "off"})
+    doc = yaml.safe_load(path.read_text())
+    doc["engine"]["function"] = "tests.integration.funcs:hang_on_request"
+    doc["runtime"]["stall_timeout_s"] = 2
+    path.write_text(yaml.safe_dump(doc))
+    produce(kafka_bootstrap, t_in, [(f"k{i}", json.dumps({"text": f"t{i}"})) for i in range(50)])
+    loaded = load_pipeline(path)
+    observer = build_observer(loaded.pipeline)
+    port = observer.server.port  # type: ignore[attr-defined]
+    runner, engine = build_runner(loaded, observer=observer)
+    funcs.UNHANG.clear()
+    thread = threading.Thread(target=runner.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 60
+        while counters(port).get("sluice_records_out_total", 0) < 50:  # healthy while it works
+            assert get(port, "/healthz") == (200, "ok\n")
+            assert time.monotonic() < deadline, "the first records never came out"
+            time.sleep(0.2)
+        assert get(port, "/readyz")[0] == 200
+        produce(kafka_bootstrap, t_in, [("h", json.dumps({"text": "hang"}))] +
+                [(f"k{i}", json.dumps({"text": f"t{i}"})) for i in range(50, 60)])
+        hung_s = time.monotonic()
+        while (answer := get(port, "/healthz"))[0] == 200:
+            assert time.monotonic() - hung_s < 2 + 5, "/healthz never noticed the hung engine"
+            time.sleep(0.2)
+        code, body = answer
+        assert code == 503 and body.startswith("stalled: engine: no progress for "), body
+        assert "a batch running" in body
+        assert get(port, "/readyz")[0] == 503
+        stalled = {k: v for k, v in counters(port).items() if k.startswith("sluice_progress_stalled")}
+        assert stalled == {"sluice_progress_stalled,part=engine": 1, "sluice_progress_stalled,part=poll_loop": 0,
+                           "sluice_progress_stalled,part=delivery": 0}
+        funcs.UNHANG.set()  # the engine call returns: healthy again
+        while get(port, "/healthz")[0] != 200:
+            assert time.monotonic() < deadline, "/healthz stayed 503 after the engine moved again"
+            time.sleep(0.2)
+    finally:
+        funcs.UNHANG.set()
+        runner.stop()
+        thread.join(30)
+        engine.close()
+    assert runner.summary.num_out == 61 and runner.summary.error is None

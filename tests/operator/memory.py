@@ -275,6 +275,9 @@ class MemorySink:
         self.poll()
         return 0
 
+    def num_pending(self) -> int:
+        return len(self._reports)
+
     def max_message_bytes(self, topic: str) -> int:
         return self.limits.get(topic, 1_000_000)
 

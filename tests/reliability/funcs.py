@@ -1,7 +1,8 @@
 """User functions the reliability tests plug into the ``python`` engine (run inside the operator process).
 
 The pace comes from the environment of the operator process, so one function serves every test:
-``RELIABILITY_BATCH_MS`` (fixed cost of one engine call) and ``RELIABILITY_ITEM_MS`` (cost per input).
+``RELIABILITY_BATCH_MS`` (fixed cost of one engine call) and ``RELIABILITY_ITEM_MS`` (cost per input);
+with ``RELIABILITY_HANG=1`` a batch holding a text with "hang" never returns (a wedged model).
 A model has both: a fixed per-call overhead, which is what bisecting a failed batch multiplies.
 """
 
@@ -18,6 +19,9 @@ def paced_tag(texts: list[str]) -> list[str]:
     delay_s = (batch_ms + item_ms * len(texts)) / 1000
     if delay_s > 0:
         time.sleep(delay_s)
+    if os.environ.get("RELIABILITY_HANG") == "1" and any("hang" in t for t in texts):
+        while True:
+            time.sleep(3600)
     if any("poison" in t for t in texts):
         raise ValueError("the model cannot digest 'poison'")
     return [f"<{t.upper()}>" for t in texts]

@@ -114,6 +114,9 @@ class FileSink:
                 self._fail(f"cannot finish {self.out_name}: {err}")
         return 0
 
+    def num_pending(self) -> int:
+        return len(self._queue)  # written and reported on the next poll
+
     def max_message_bytes(self, topic: str) -> int:
         return _UNLIMITED_BYTES
 

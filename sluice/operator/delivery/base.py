@@ -62,5 +62,7 @@ class Delivery(ABC):
         return Outcome.KEPT
 
     @abstractmethod
-    def shutdown(self, deadline_s: float) -> None:
-        """The final commit, by ``deadline_s`` where that is in the strategy's hands."""
+    def shutdown(self, deadline_s: float, forced: bool = False) -> None:
+        """The final commit, by ``deadline_s`` where that is in the strategy's hands. ``forced`` (a second
+        signal): commit nothing that is not delivered and wait for nothing more -- an open transaction is
+        aborted."""

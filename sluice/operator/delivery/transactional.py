@@ -101,10 +101,10 @@ class Transactional(Delivery):
             return Outcome.KEPT
         return self._guarded(self._abort_and_reopen, self.clock(), f"lost {names(tps)}")
 
-    def shutdown(self, deadline_s: float) -> None:
-        """The last commit; or, stopping on an error, abort the open transaction now, so that
+    def shutdown(self, deadline_s: float, forced: bool = False) -> None:
+        """The last commit; or, stopping on an error or forced, abort the open transaction now, so that
         ``read_committed`` readers of the output topics do not wait for the broker's transaction timeout."""
-        if self.state.stop_reason is None:
+        if self.state.stop_reason is None and not forced:
             self._guarded(self._commit, self.clock(), False)
         else:
             self._abort_open()
