@@ -12,15 +12,18 @@ from sluice.config.base import Section
 class Tracing(Section):
     # none: no tracing work at all, input headers (traceparent included) pass through unchanged.
     exporter: Literal["none", "console", "otlp"] = "none"
-    """`console`, `otlp`, or `none` (no tracing work; input headers pass through as they are)."""
+    """`console`, `otlp`, or `none` (no tracing work; input headers pass through as they are). Left out:
+    `OTEL_TRACES_EXPORTER`, or `otlp` when `OTEL_EXPORTER_OTLP_ENDPOINT` (or `..._TRACES_ENDPOINT`) is set.
+    Every key left out of this section is taken from the OpenTelemetry SDK's variables the same way."""
     endpoint: str | None = None
-    """The OTLP collector (default: `http://localhost:4317` for grpc, `http://localhost:4318/v1/traces` for
-    http)."""
+    """The OTLP collector (left out: `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`, `OTEL_EXPORTER_OTLP_ENDPOINT`,
+    else `http://localhost:4317` for grpc, `http://localhost:4318/v1/traces` for http)."""
     protocol: Literal["grpc", "http"] = "grpc"
-    """OTLP transport: `grpc` or `http`."""
+    """OTLP transport: `grpc` or `http` (left out: `OTEL_EXPORTER_OTLP_PROTOCOL`; else `grpc` when this
+    section names the exporter, `http` when the environment turned tracing on)."""
     sample_ratio: float = Field(default=0.001, ge=0, le=1)
     """Share of new traces recorded; an incoming `traceparent` decides by its sampled flag. Every output
-    carries a `traceparent`, sampled or not."""
+    carries a `traceparent`, sampled or not. Left out: from `OTEL_TRACES_SAMPLER` (and its `_ARG`)."""
 
 
 class Metrics(Section):

@@ -6,11 +6,13 @@ in only what the pipeline's ``telemetry`` section turns on.
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, TextIO
 
 from sluice.config import Pipeline
 from sluice.operator.observer import Observer
 from sluice.telemetry.errors import TelemetrySetupError
+from sluice.telemetry.otel_env import effective_tracing
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
@@ -26,6 +28,10 @@ def build_observer(pipeline: Pipeline, *, tracer_provider: TracerProvider | None
     it turns tracing on even with ``exporter: none``. Starts the metrics/health server when enabled.
     """
     cfg = pipeline.telemetry
+    tracing = effective_tracing(cfg.tracing, os.environ)  # the OTEL_* variables fill what the file leaves out
+    if tracing is not cfg.tracing:
+        cfg = cfg.model_copy(update={"tracing": tracing})
+        pipeline = pipeline.model_copy(update={"telemetry": cfg})
     if tracer_provider is None and cfg.tracing.exporter == "none" and not cfg.metrics.enabled and cfg.status == "off":
         return Observer()
     from sluice.telemetry.observer import TelemetryObserver

@@ -152,7 +152,9 @@ class TelemetryObserver(Observer):
     def close(self) -> None:
         """Flush spans, stop the HTTP server. Safe to call twice."""
         if self._provider is not None:
-            self._provider.shutdown()
+            from sluice.telemetry.provider import shutdown_within
+
+            shutdown_within(self._provider)
             self._provider = None
         if self.server is not None:
             self.server.close()
