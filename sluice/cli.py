@@ -16,7 +16,7 @@ import signal
 import sys
 import threading
 import traceback
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
@@ -125,8 +125,9 @@ def _parser() -> argparse.ArgumentParser:
                                      "committing only what was delivered (exit 130/143). SIGHUP (or 'sluice reload') loads the "
                                      "model again beside the serving one and switches to it between two batches.")
     run.add_argument("pipeline", type=Path, help="pipeline YAML file")
-    run.add_argument("--max-records", type=int, metavar="N", help="stop after consuming N records")
-    run.add_argument("--idle-exit", type=float, metavar="SECONDS",
+    _set_option(run)
+    run.add_argument("--max-records", type=_positive(int), metavar="N", help="stop after consuming N records")
+    run.add_argument("--idle-exit", type=_positive(float), metavar="SECONDS",
                      help="stop once no record has arrived for SECONDS while partitions are assigned, "
                           "and nothing is in flight")
     run.add_argument("--until-end", action="store_true",
@@ -135,10 +136,13 @@ def _parser() -> argparse.ArgumentParser:
                           "left for the next run. A file source always ends this way")
     run.set_defaults(handler=_run)
 
-    validate = sub.add_parser("validate", help="check a pipeline file without running it", parents=common,
-                              description="Check a pipeline file: YAML syntax, keys, types, environment "
-                                          "variables. Exit 0 when valid, 1 otherwise.")
-    validate.add_argument("pipeline", type=Path, help="pipeline YAML file")
+    validate = sub.add_parser("validate", help="check pipeline files without running them", parents=common,
+                              description="Check pipeline files: YAML syntax, keys, types, environment "
+                                          "variables, the settings the engine would refuse. Exit 0 when every "
+                                          "file is valid, 1 otherwise.")
+    validate.add_argument("pipelines", type=Path, nargs="+", metavar="pipeline",
+                          help="pipeline YAML files, or quoted glob patterns ('pipelines/*.yaml')")
+    _set_option(validate)
     validate.set_defaults(handler=_validate)
 
     from sluice.operator.reload.command import add_parser as add_reload
@@ -153,23 +157,75 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _load(path: Path) -> LoadedPipeline | None:
+def _set_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--set", dest="overrides", action="append", type=_override, default=[],
+                        metavar="PATH=VALUE", help="set a pipeline setting over the file's, by its dotted path "
+                        "(--set telemetry.metrics.enabled=true); repeatable, the last one wins")
+
+
+def _override(text: str) -> tuple[str, object]:
+    from sluice.config.overrides import OverrideError, parse_override
+
     try:
-        return load_pipeline(path)
+        return parse_override(text)
+    except OverrideError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def _positive(kind: type[int] | type[float]) -> Callable[[str], int | float]:
+    def parse(text: str) -> int | float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {'a whole number' if kind is int else 'a number'}, "
+                                             f"got {text!r}") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"must be greater than 0, got {text}")
+        return value
+
+    return parse
+
+
+def _load(path: Path, overrides: Sequence[tuple[str, object]] = ()) -> LoadedPipeline | None:
+    try:
+        return load_pipeline(path, overrides=overrides)
     except ConfigError as err:
         print(str(err), file=sys.stderr)
         return None
 
 
 def _validate(args: argparse.Namespace) -> int:
-    loaded = _load(args.pipeline)
-    if loaded is None:
+    paths = _expand(args.pipelines)
+    if not paths:
+        print(f"sluice: error: no pipeline file matches {' '.join(map(str, args.pipelines))}", file=sys.stderr)
         return EXIT_FAILED
-    p = loaded.pipeline
-    for warning in (*loaded.warnings, *_model_warnings(loaded)):
-        print(f"{args.pipeline}: warning: {warning}", file=sys.stderr)
-    print(f"{args.pipeline}: ok ({p.source.describe()} -> {p.engine.type} -> {p.sink.destination})")
-    return EXIT_OK
+    failed = 0
+    for path in paths:
+        loaded = _load(path, args.overrides)
+        if loaded is None:
+            failed += 1
+            continue
+        p = loaded.pipeline
+        for warning in (*loaded.warnings, *_model_warnings(loaded)):
+            print(f"{path}: warning: {warning}", file=sys.stderr)
+        print(f"{path}: ok ({p.source.describe()} -> {p.engine.type} -> {p.sink.destination})")
+    if len(paths) > 1:
+        print(f"{len(paths) - failed} of {len(paths)} pipeline files valid", file=sys.stderr if failed else sys.stdout)
+    return EXIT_FAILED if failed else EXIT_OK
+
+
+def _expand(patterns: Sequence[Path]) -> list[Path]:
+    """Files as given; a pattern with ``*``, ``?`` or ``[`` (quoted, so the shell left it) expanded, sorted."""
+    import glob
+
+    paths: list[Path] = []
+    for pattern in patterns:
+        text = str(pattern)
+        if any(c in text for c in "*?["):
+            paths += [Path(p) for p in sorted(glob.glob(text, recursive=True))]
+        else:
+            paths.append(pattern)
+    return paths
 
 
 def _model_warnings(loaded: LoadedPipeline) -> list[str]:
@@ -191,7 +247,7 @@ def _model_warnings(loaded: LoadedPipeline) -> list[str]:
 
 
 def _run(args: argparse.Namespace) -> int:
-    loaded = _load(args.pipeline)
+    loaded = _load(args.pipeline, args.overrides)
     if loaded is None:
         return EXIT_FAILED
     p = loaded.pipeline

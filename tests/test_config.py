@@ -246,3 +246,46 @@ def test_the_demo_creates_every_topic_the_example_pipelines_use() -> None:
         used = {*kafka_in.get("topics", []), kafka_out.get("topic"), (doc.get("dead_letter") or {}).get("topic")}
         used.discard(None)  # a file source or sink (examples/pipelines/reindex-parquet.yaml) names no topic
         assert used <= set(TOPICS), f"{path.name} uses {used - set(TOPICS)}; examples/demo.py lacks them"
+
+
+def sluice(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "sluice.cli", *args], capture_output=True, text=True, timeout=60,
+                          cwd=Path(__file__).resolve().parents[1])
+
+
+def test_validate_takes_several_files_and_quoted_globs(tmp_path: Path) -> None:
+    (tmp_path / "a.yaml").write_text(GOOD)
+    (tmp_path / "b.yaml").write_text(GOOD.replace("max_batch_size: 8", "max_batch_sise: 8"))
+    proc = sluice("validate", str(tmp_path / "*.yaml"))
+    assert proc.returncode == 1
+    assert f"{tmp_path / 'a.yaml'}: ok" in proc.stdout
+    assert "unknown key 'max_batch_sise' (did you mean 'max_batch_size'?)" in proc.stderr
+    assert "1 of 2 pipeline files valid" in proc.stderr
+    proc = sluice("validate", str(tmp_path / "a.yaml"), str(tmp_path / "a.yaml"))
+    assert proc.returncode == 0 and "2 of 2 pipeline files valid" in proc.stdout
+    assert sluice("validate", str(tmp_path / "none-*.yaml")).returncode == 1
+
+
+def test_set_overrides_the_file_by_dotted_path_and_is_validated_with_it() -> None:
+    overrides = [("batching.max_batch_size", 32), ("telemetry.metrics.enabled", True),
+                 ("source.kafka.config.fetch.max.bytes", 1048576)]
+    p = parse_pipeline(GOOD, environ={}, overrides=overrides).pipeline
+    assert p.batching.max_batch_size == 32 and p.telemetry.metrics.enabled
+    assert p.source.kafka is not None and p.source.kafka.config == {"fetch.max.bytes": 1048576}
+    with pytest.raises(ConfigError, match=r"batching\.max_batch_size.*greater than or equal to 1"):
+        parse_pipeline(GOOD, environ={}, overrides=[("batching.max_batch_size", 0)])
+    with pytest.raises(ConfigError, match="batching.max_batch_size is not a section"):
+        parse_pipeline(GOOD, environ={}, overrides=[("batching.max_batch_size.x", 1)])
+    proc = sluice("validate", "examples/pipelines/shout.yaml", "--set", "batching.max_batch_size=-1")
+    assert proc.returncode == 1 and "batching.max_batch_size" in proc.stderr
+
+
+@pytest.mark.parametrize(("args", "fragment"), [
+    (["run", "examples/pipelines/shout.yaml", "--max-records", "-5"], "--max-records: must be greater than 0"),
+    (["run", "examples/pipelines/shout.yaml", "--idle-exit", "0"], "--idle-exit: must be greater than 0"),
+    (["run", "examples/pipelines/shout.yaml", "--max-records", "many"], "expected a whole number"),
+    (["validate", "examples/pipelines/shout.yaml", "--set", "nothing"], "expected path=value"),
+])
+def test_numeric_options_and_set_are_checked_before_anything_runs(args: list[str], fragment: str) -> None:
+    proc = sluice(*args)
+    assert proc.returncode == 2 and fragment in proc.stderr, proc.stderr

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,7 @@ from pydantic import ValidationError
 
 from sluice.config.applies import check_applicable
 from sluice.config.messages import ConfigError, describe, kind_of, short, where
+from sluice.config.overrides import OverrideError, apply_overrides
 from sluice.config.pipeline import LoadedPipeline, Pipeline
 from sluice.config.yaml_file import YamlPath, YamlProblem, load_yaml, read_text
 from sluice.engines import registry
@@ -27,24 +28,26 @@ _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::([^}]*))?\}")
 log = logging.getLogger(__name__)
 
 
-def load_pipeline(path: str | Path, environ: Mapping[str, str] | None = None) -> LoadedPipeline:
-    """Read, interpolate and validate a pipeline file. Raises ConfigError with user-facing messages."""
+def load_pipeline(path: str | Path, environ: Mapping[str, str] | None = None,
+                  overrides: Sequence[tuple[str, Any]] = ()) -> LoadedPipeline:
+    """Read, interpolate and validate a pipeline file. Raises ConfigError with user-facing messages.
+    ``overrides``: ``(dotted path, value)`` pairs set over the file's (``--set``, sluice/config/overrides.py)."""
     source = str(path)
     try:
         text = read_text(path)
     except YamlProblem as err:
         raise ConfigError(source, [str(err)]) from None
     return parse_pipeline(text, source=source, environ=os.environ if environ is None else environ,
-                          base_dir=Path(path).resolve().parent)
+                          base_dir=Path(path).resolve().parent, overrides=overrides)
 
 
 def parse_pipeline(text: str, *, source: str = "<pipeline>", environ: Mapping[str, str] | None = None,
-                   base_dir: Path | None = None) -> LoadedPipeline:
+                   base_dir: Path | None = None, overrides: Sequence[tuple[str, Any]] = ()) -> LoadedPipeline:
     """Validate pipeline YAML text; see :func:`load_pipeline`. Raises ConfigError, and nothing else: the
     YAML is read within bounds (sluice/config/yaml_file.py), and an error no check foresaw still becomes one
     line (naming it a bug) rather than a traceback."""
     try:
-        return _parse(text, source, os.environ if environ is None else environ, base_dir)
+        return _parse(text, source, os.environ if environ is None else environ, base_dir, overrides)
     except ConfigError:
         raise
     except Exception as err:  # a bug in a validator, say: still one line for the user
@@ -53,7 +56,8 @@ def parse_pipeline(text: str, *, source: str = "<pipeline>", environ: Mapping[st
                                    "in Sluice or an engine: please report it, with the file)"]) from None
 
 
-def _parse(text: str, source: str, environ: Mapping[str, str], base_dir: Path | None) -> LoadedPipeline:
+def _parse(text: str, source: str, environ: Mapping[str, str], base_dir: Path | None,
+           overrides: Sequence[tuple[str, Any]]) -> LoadedPipeline:
     try:
         data, lines = load_yaml(text)
     except YamlProblem as err:
@@ -65,6 +69,10 @@ def _parse(text: str, source: str, environ: Mapping[str, str], base_dir: Path | 
     # Top-level keys starting with "x-" hold anchors for the rest of the file (`x-kafka: &kafka {...}`, then
     # `<<: *kafka`), as in Docker Compose files: they are not settings, so they are not validated.
     data = {k: v for k, v in data.items() if not (isinstance(k, str) and k.startswith("x-"))}
+    try:
+        data = apply_overrides(data, overrides)
+    except OverrideError as err:
+        raise ConfigError(source, [str(err)]) from None
 
     problems: list[str] = []
     data = _interpolate(data, (), environ, problems, lines)
@@ -73,7 +81,7 @@ def _parse(text: str, source: str, environ: Mapping[str, str], base_dir: Path | 
     try:
         pipeline = Pipeline.model_validate(data)
     except ValidationError as err:
-        raise ConfigError(source, describe(err, (), lines)) from None
+        raise ConfigError(source, describe(err, (), lines, Pipeline)) from None
 
     try:
         engine_type = registry.lookup(pipeline.engine.type)
@@ -85,7 +93,7 @@ def _parse(text: str, source: str, environ: Mapping[str, str], base_dir: Path | 
         options = engine_type.options.model_validate(pipeline.engine.raw_options(),
                                                      context={"base_dir": base_dir or Path.cwd()})
     except ValidationError as err:
-        raise ConfigError(source, describe(err, ("engine",), lines)) from None
+        raise ConfigError(source, describe(err, ("engine",), lines, engine_type.options)) from None
     found = check_applicable(pipeline, options, engine_type.continuous)
     if found.errors:
         raise ConfigError(source, [f"{where(loc, lines)}: {msg}" for loc, msg in found.errors])

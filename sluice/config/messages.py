@@ -9,8 +9,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
+from sluice.config.suggest import did_you_mean
 from sluice.config.yaml_file import YamlPath
 
 _MAX_PROBLEMS = 20  # problems listed; a file with more is not a pipeline with a few mistakes
@@ -32,7 +33,9 @@ class ConfigError(Exception):
 _SECRET_KEY = re.compile(r"password|secret|token|jaas|credential|private|ssl\.key", re.IGNORECASE)
 
 
-def describe(err: ValidationError, prefix: YamlPath, lines: dict[YamlPath, int]) -> list[str]:
+def describe(err: ValidationError, prefix: YamlPath, lines: dict[YamlPath, int],
+             model: type[BaseModel] | None = None) -> list[str]:
+    """One line per problem. ``model``: the section validated (for "did you mean" on an unknown key)."""
     problems = []
     for e in err.errors():
         loc: YamlPath = (*prefix, *(p for p in e["loc"] if not (isinstance(p, str) and p.startswith("function-"))))
@@ -41,7 +44,9 @@ def describe(err: ValidationError, prefix: YamlPath, lines: dict[YamlPath, int])
         secret = any(isinstance(p, str) and _SECRET_KEY.search(p) for p in loc)
         shown = "<redacted>" if secret else short(repr(e.get("input")))
         if kind == "extra_forbidden":
-            msg = f"unknown key '{short(str(loc[-1]))}'; check the spelling against the configuration reference (docs/reference/configuration.md)"
+            suggestion = did_you_mean(model, loc[len(prefix):])
+            msg = (f"unknown key '{short(str(loc[-1]))}'{suggestion}; check the spelling against the configuration "
+                   "reference (docs/reference/configuration.md)")
         elif kind == "missing":
             msg = "is required but missing"
         elif kind in ("int_parsing", "int_type", "int_from_float"):
