@@ -193,8 +193,7 @@ def metrics_md() -> str:
     stats.models.record_reload(ReloadOutcome("failed", model, 1.0, "start", "reason"))
     decision = types.SimpleNamespace(size=1, service_s=0.01, rate_per_s=1.0)
     collector = OperatorCollector(stats, "pipeline", engine_stats=lambda: LLMStats(0, 0, 0.0, 0.0, 0, 0, 0),
-                                  token_rates=lambda: (1.0, 1.0), batching=lambda: decision,
-                                  stalls=lambda: {"engine": False})
+                                  batching=lambda: decision, stalls=lambda: {"engine": False})
     families = sorted(collector.collect(), key=lambda f: f.name)
     out = [GENERATED_NOTE.format(source="sluice/telemetry/metrics.py (the collector, run with every part present)"),
            "# Metrics reference", "",

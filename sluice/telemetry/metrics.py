@@ -3,17 +3,19 @@
 A custom collector reads the stats at scrape time, so the hot path never calls prometheus_client. Each
 runner gets its own ``CollectorRegistry`` (never the global one): several pipelines can run in one process.
 
-LLM engines: an engine whose ``stats`` attribute (or property) returns an object with any of the fields
-``num_running``, ``num_waiting``, ``kv_usage``, ``prefix_cache_hit_rate``, ``num_preemptions``,
-``num_prompt_tokens``, ``num_output_tokens``, ``spec_acceptance_rate`` and the structured-output fields of
-``_LLM_FIELDS`` gets those exported too (fields it lacks are skipped).
-Token rates are counters (use ``rate()``); the status tick also keeps a tokens/s gauge.
+Naming follows Prometheus' conventions, checked by a lint over a scrape (tests/telemetry/test_metric_names.py):
+base units (seconds, bytes), counters for whatever grows (a dashboard takes ``rate()``; nothing here is a
+precomputed rate or a ratio of two counters), label values from a bounded set -- never free text.
 
-Engine metrics (batches, batch sizes, inference time, warm-up, the LLM's) carry a ``model`` label: the
-``sluice.model`` header's text (sluice/engines/identity.py), so a dashboard tells the models of a reload
-apart. ``sluice_model_info`` names the serving model (with its full digest); ``sluice_model_reloads``,
-``sluice_model_reload_failures`` and ``sluice_model_reload_last_failure_timestamp_seconds`` (the latest
-failure, its stage and reason as labels) tell how reloads went.
+Engine metrics (batches, batch sizes, inference time, warm-up, the LLM's) carry the serving model as three
+labels: ``model`` (its name), ``digest`` (the first 12 hex digits of its content digest) and ``engine``
+(sluice/engines/identity.py), so a dashboard tells the models of a reload apart. ``sluice_model_info``
+names the serving model (with its full digest as ``sha256``); ``sluice_model_reloads``,
+``sluice_model_reload_failures`` and ``sluice_model_reload_last_failure_timestamp_seconds`` tell how
+reloads went (the failure's reason is in the log).
+
+LLM engines: an engine whose ``stats`` attribute (or property) returns an object with any of the fields of
+``_LLM_FIELDS`` gets those exported too (fields it lacks are skipped).
 """
 
 from __future__ import annotations
@@ -27,29 +29,32 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from sluice.engines.identity import parse_label
 from sluice.telemetry.histogram import HistogramSnapshot
 from sluice.telemetry.model_stats import ModelsSnapshot
 from sluice.telemetry.stats import OperatorStats
 
 log = logging.getLogger(__name__)
 
-_MAX_REASON_CHARS = 200  # of a failed reload's reason, as a label
+MODEL_LABELS = ["model", "digest", "engine"]  # the serving model, on every engine metric
 
 # LLM engine stats fields -> (metric name, kind, help)
 _LLM_FIELDS: tuple[tuple[str, str, str, str], ...] = (
     ("num_running", "sluice_llm_requests_running", "gauge", "LLM requests being decoded or prefilled"),
     ("num_waiting", "sluice_llm_requests_waiting", "gauge", "LLM requests waiting for KV-cache room"),
     ("kv_usage", "sluice_llm_kv_cache_usage_ratio", "gauge", "Fraction of KV-cache blocks in use"),
-    ("prefix_cache_hit_rate", "sluice_llm_prefix_cache_hit_ratio", "gauge",
-     "Prompt tokens served by the prefix cache / prompt tokens queried"),
+    ("num_requests", "sluice_llm_requests", "counter", "LLM requests added"),
+    ("num_prefix_query_tokens", "sluice_llm_prefix_cache_queried_tokens", "counter",
+     "Prompt tokens looked up in the prefix cache"),
+    ("num_prefix_hit_tokens", "sluice_llm_prefix_cache_hit_tokens", "counter",
+     "Prompt tokens served by the prefix cache"),
     ("num_preemptions", "sluice_llm_preemptions", "counter", "Requests preempted (recomputed later)"),
     ("num_prompt_tokens", "sluice_llm_prompt_tokens", "counter", "Prompt tokens of admitted requests"),
     ("num_output_tokens", "sluice_llm_output_tokens", "counter", "Tokens generated"),
-    ("spec_acceptance_rate", "sluice_llm_spec_acceptance_ratio", "gauge",
-     "Speculative draft tokens accepted / verified"),
+    ("num_draft_tokens", "sluice_llm_draft_tokens", "counter", "Speculative draft tokens verified"),
+    ("num_accepted_draft_tokens", "sluice_llm_accepted_draft_tokens", "counter",
+     "Speculative draft tokens accepted (each saved one decode step)"),
     # structured output (constrained decoding)
-    ("structured_share", "sluice_llm_structured_requests_ratio", "gauge",
-     "Share of LLM requests constrained by structured output"),
     ("num_structured_requests", "sluice_llm_structured_requests", "counter",
      "LLM requests constrained by structured output"),
     ("num_grammars_compiled", "sluice_llm_grammars_compiled", "counter", "Distinct grammars compiled"),
@@ -62,9 +67,15 @@ _LLM_FIELDS: tuple[tuple[str, str, str, str], ...] = (
      "Engine-thread seconds spent filling token bitmasks"),
     ("num_grammar_mask_steps", "sluice_llm_grammar_mask_steps", "counter",
      "Engine steps that filled token bitmasks"),
-    ("grammar_mask_fill_ms_per_step", "sluice_llm_grammar_mask_fill_ms_per_step", "gauge",
-     "Mean milliseconds spent filling token bitmasks per masked step"),
 )
+
+
+def model_labels(label: str) -> list[str]:
+    """``[name, short digest, engine]`` of a ``sluice.model`` label (all empty when there is none)."""
+    try:
+        return list(parse_label(label))
+    except ValueError:
+        return ["", "", ""]
 
 
 class OperatorCollector(Collector):
@@ -72,14 +83,12 @@ class OperatorCollector(Collector):
 
     def __init__(self, stats: OperatorStats, pipeline: str,
                  engine_stats: Callable[[], Any] | None = None,
-                 token_rates: Callable[[], tuple[float, float] | None] | None = None,
                  batching: Callable[[], Any] | None = None,
                  stalls: Callable[[], dict[str, bool]] | None = None) -> None:
         self.stats = stats
         self.stalls = stalls  # part -> stalled now (the progress watchdog), empty before the run
         self.pipeline = pipeline
         self.engine_stats = engine_stats
-        self.token_rates = token_rates
         self.batching = batching  # the adaptive batcher's latest decision, or None
 
     def describe(self) -> list[Metric]:
@@ -131,7 +140,7 @@ class OperatorCollector(Collector):
 
     def _engine(self, m: ModelsSnapshot | None) -> Iterator[Metric]:
         """The engine's numbers, per model (every model served in this run)."""
-        labels = ["pipeline", "model"]
+        labels = ["pipeline", *MODEL_LABELS]
         batches = CounterMetricFamily("sluice_batches", "Batches run through the engine", labels=labels)
         sizes = HistogramMetricFamily("sluice_batch_size_records", "Records per engine batch", labels=labels)
         infer = HistogramMetricFamily("sluice_inference_seconds",
@@ -139,18 +148,19 @@ class OperatorCollector(Collector):
         warmup = GaugeMetricFamily("sluice_engine_warmup_seconds", "Engine start: model load and warm-up",
                                    labels=labels)
         for label, n in sorted(m.models.items()) if m is not None else ():
-            batches.add_metric([self.pipeline, label], n.num_batches)
-            _add_histogram(sizes, [self.pipeline, label], n.batch_size)
-            _add_histogram(infer, [self.pipeline, label], n.infer_s)
-            warmup.add_metric([self.pipeline, label], n.warmup_s)
+            values = [self.pipeline, *model_labels(label)]
+            batches.add_metric(values, n.num_batches)
+            _add_histogram(sizes, values, n.batch_size)
+            _add_histogram(infer, values, n.infer_s)
+            warmup.add_metric(values, n.warmup_s)
         yield from (batches, sizes, infer, warmup)
 
     def _reloads(self, m: ModelsSnapshot | None) -> Iterator[Metric]:
         if m is None or m.serving is None:
             return
-        info = GaugeMetricFamily("sluice_model_info", "The model serving now (its label, name, full content "
-                                 "digest and engine type)", labels=["pipeline", "model", "name", "digest", "engine"])
-        info.add_metric([self.pipeline, m.serving.label, m.serving.name, m.serving.digest, m.serving.engine], 1)
+        info = GaugeMetricFamily("sluice_model_info", "The model serving now (its name, short and full content "
+                                 "digest, engine type)", labels=["pipeline", *MODEL_LABELS, "sha256"])
+        info.add_metric([self.pipeline, *model_labels(m.serving.label), m.serving.digest], 1)
         yield info
         reloads = CounterMetricFamily("sluice_model_reloads", "Model reload attempts by result: ready (switched "
                                       "to), unchanged (the model on disk is the serving one), failed",
@@ -167,8 +177,9 @@ class OperatorCollector(Collector):
         if m.last_failure is not None:
             f = m.last_failure
             last = GaugeMetricFamily("sluice_model_reload_last_failure_timestamp_seconds", "When the latest "
-                                     "reload failed, and why", labels=["pipeline", "model", "stage", "reason"])
-            last.add_metric([self.pipeline, f.model, f.stage, f.reason[:_MAX_REASON_CHARS]], f.at_unix_s)
+                                     "reload failed, at which stage (the log says why)",
+                                     labels=["pipeline", *MODEL_LABELS, "stage"])
+            last.add_metric([self.pipeline, *model_labels(f.model), f.stage], f.at_unix_s)
             yield last
 
     def _adaptive(self, labels: list[str], values: list[str]) -> Iterator[Metric]:
@@ -179,13 +190,12 @@ class OperatorCollector(Collector):
                      labels, values, decision.size)
         yield _gauge("sluice_adaptive_predicted_service_seconds", "Engine time it predicted for that batch",
                      labels, values, decision.service_s)
-        yield _gauge("sluice_adaptive_arrival_rate_per_second", "Arrival rate it estimated, records/s",
-                     labels, values, decision.rate_per_s)
 
     def _llm(self, m: ModelsSnapshot | None) -> Iterator[Metric]:
         if self.engine_stats is None:
             return
-        labels, values = ["pipeline", "model"], [self.pipeline, m.serving.label if m and m.serving else ""]
+        labels = ["pipeline", *MODEL_LABELS]
+        values = [self.pipeline, *model_labels(m.serving.label if m and m.serving else "")]
         try:
             stats = self.engine_stats()
         except Exception as err:  # a scrape must never take the operator down
@@ -197,12 +207,6 @@ class OperatorCollector(Collector):
                 continue
             make = _counter if kind == "counter" else _gauge
             yield make(name, doc, labels, values, float(value))
-        rates = self.token_rates() if self.token_rates else None
-        if rates is not None:
-            yield _gauge("sluice_llm_prompt_tokens_per_second", "Prompt tokens/s over the last status tick",
-                         labels, values, rates[0])
-            yield _gauge("sluice_llm_output_tokens_per_second", "Output tokens/s over the last status tick",
-                         labels, values, rates[1])
 
 
 def new_registry(collector: OperatorCollector) -> CollectorRegistry:

@@ -61,8 +61,6 @@ class TelemetryObserver(Observer):
             self.injects_headers = True
         self._engine: Any = None
         self._started_s: float | None = None  # when the run began (for the summary's wall time)
-        self._tokens: tuple[float, float, float] | None = None  # (now_s, prompt, output) at the last tick
-        self.token_rates: tuple[float, float] | None = None  # (prompt, output) tokens/s over the last tick
         self.batching: Any = None  # the adaptive batcher's latest decision (latency_target_ms only)
         self.server: TelemetryServer | None = None
         self.watchdog: Any = None  # the run's progress watchdog (sluice/operator/watchdog.py), once it runs
@@ -72,7 +70,7 @@ class TelemetryObserver(Observer):
             from sluice.telemetry.metrics import OperatorCollector, new_registry
 
             collector = OperatorCollector(self.stats, pipeline.name, engine_stats=self._engine_stats,
-                                          token_rates=lambda: self.token_rates, batching=lambda: self.batching,
+                                          batching=lambda: self.batching,
                                           stalls=self.stalls)
             self.registry = new_registry(collector)
             self.server = TelemetryServer(cfg.metrics.host, cfg.metrics.port, self.registry, self.readiness,
@@ -135,7 +133,6 @@ class TelemetryObserver(Observer):
 
     def tick(self, now_s: float, num_in_flight: int, lag: dict[TopicPartition, int]) -> None:
         self.stats.record_tick(num_in_flight, lag)
-        self._tick_tokens(now_s)
         if self.status is not None:
             self.status.tick(now_s)
 
@@ -219,14 +216,3 @@ class TelemetryObserver(Observer):
         stats = self._engine_stats()
         prompt, output = getattr(stats, "num_prompt_tokens", None), getattr(stats, "num_output_tokens", None)
         return None if prompt is None or output is None else (int(prompt), int(output))
-
-    def _tick_tokens(self, now_s: float) -> None:
-        stats = self._engine_stats()
-        prompt, output = getattr(stats, "num_prompt_tokens", None), getattr(stats, "num_output_tokens", None)
-        if prompt is None or output is None:
-            return
-        # (after a reload the counters are the new engine's, and start again from zero)
-        if self._tokens is not None and now_s > self._tokens[0] and prompt >= self._tokens[1]:
-            dt = now_s - self._tokens[0]
-            self.token_rates = ((prompt - self._tokens[1]) / dt, (output - self._tokens[2]) / dt)
-        self._tokens = (now_s, float(prompt), float(output))

@@ -52,7 +52,7 @@ def test_endpoints_serve_metrics_liveness_and_readiness() -> None:
         assert samples[("sluice_queue_delay_seconds_count", p)] == 3
         assert samples[("sluice_end_to_end_latency_seconds_bucket", (("le", "+Inf"), ("pipeline", "p")))] == 5
         assert samples[("sluice_consumer_lag_records", (("partition", "2"), ("pipeline", "p"), ("topic", "in")))] == 42
-        m = (("model", ""), ("pipeline", "p"))  # engine metrics carry the serving model (none here)
+        m = (("digest", ""), ("engine", ""), ("model", ""), ("pipeline", "p"))  # the serving model (none here)
         assert samples[("sluice_llm_requests_running", m)] == 3
         assert samples[("sluice_llm_kv_cache_usage_ratio", m)] == 0.5
         assert get(server.port, "/nope")[0] == 404
@@ -73,4 +73,3 @@ def test_adaptive_batching_decisions_are_exported_once_there_is_one() -> None:
                for s in f.samples}
     assert samples["sluice_adaptive_batch_size_records"] == 24
     assert samples["sluice_adaptive_predicted_service_seconds"] == 0.031
-    assert samples["sluice_adaptive_arrival_rate_per_second"] == 410.0

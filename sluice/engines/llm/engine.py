@@ -253,6 +253,8 @@ class LLM:
             num_accepted_draft_tokens=self.drafter.stats.num_accepted_tokens if self.drafter else 0,
             spec_acceptance_rate=self.drafter.stats.acceptance_rate if self.drafter else 0.0,
             num_requests=self._num_requests,
+            num_prefix_query_tokens=self.kv.stats.num_query_tokens,
+            num_prefix_hit_tokens=self.kv.stats.num_hit_tokens,
             structured=self.structured.stats,
         )
 

@@ -67,7 +67,9 @@ class LLMStats:
     spec_acceptance_rate: float = 0.0  # 0..1, speculative drafts accepted / verified (0 when off)
     num_draft_tokens: int = 0
     num_accepted_draft_tokens: int = 0
-    structured_share: float = 0.0  # 0..1, requests constrained by structured output / requests
+    num_requests: int = 0  # requests added
+    num_prefix_query_tokens: int = 0  # prompt tokens looked up in the prefix cache
+    num_prefix_hit_tokens: int = 0  # of those, served from it
     num_structured_requests: int = 0
     num_grammars_compiled: int = 0
     num_grammar_cache_hits: int = 0
@@ -75,7 +77,6 @@ class LLMStats:
     grammar_compile_seconds: float = 0.0
     grammar_mask_fill_seconds: float = 0.0  # engine-thread time spent filling token bitmasks
     num_grammar_mask_steps: int = 0  # steps that filled at least one bitmask
-    grammar_mask_fill_ms_per_step: float = 0.0
 
 
 class LLMEngine(ContinuousEngine):
@@ -206,17 +207,17 @@ class LLMEngine(ContinuousEngine):
         s = llm.stats
         g = s.structured
         grammar: dict[str, Any] = {} if g is None else dict(
-            structured_share=s.structured_share, num_structured_requests=g.num_requests,
+            num_structured_requests=g.num_requests,
             num_grammars_compiled=g.num_grammars_compiled, num_grammar_cache_hits=g.num_grammar_cache_hits,
             num_grammar_errors=g.num_grammar_errors, grammar_compile_seconds=g.grammar_compile_s,
-            grammar_mask_fill_seconds=g.mask_fill_s, num_grammar_mask_steps=g.num_mask_steps,
-            grammar_mask_fill_ms_per_step=g.mask_fill_ms_per_step)
+            grammar_mask_fill_seconds=g.mask_fill_s, num_grammar_mask_steps=g.num_mask_steps)
         return LLMStats(num_running=llm.scheduler.num_running, num_waiting=llm.scheduler.num_waiting,
                         kv_usage=s.kv_usage, prefix_cache_hit_rate=s.prefix_cache_hit_rate,
                         num_preemptions=s.num_preemptions, num_prompt_tokens=s.num_prompt_tokens,
                         num_output_tokens=s.num_output_tokens, spec_acceptance_rate=s.spec_acceptance_rate,
                         num_draft_tokens=s.num_draft_tokens, num_accepted_draft_tokens=s.num_accepted_draft_tokens,
-                        **grammar)
+                        num_requests=s.num_requests, num_prefix_query_tokens=s.num_prefix_query_tokens,
+                        num_prefix_hit_tokens=s.num_prefix_hit_tokens, **grammar)
 
     def close(self) -> None:
         llm = getattr(self, "llm", None)

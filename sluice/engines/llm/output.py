@@ -57,6 +57,8 @@ class EngineStats:
     num_accepted_draft_tokens: int = 0  # drafts emitted as output
     spec_acceptance_rate: float = 0.0  # accepted / verified drafts, 0..1
     num_requests: int = 0  # requests added
+    num_prefix_query_tokens: int = 0  # prompt tokens looked up in the prefix cache
+    num_prefix_hit_tokens: int = 0  # of those, served from it
     structured: StructuredStats | None = None  # structured output: grammars, cache hits, mask time
 
     @property
