@@ -37,6 +37,7 @@ from types import ModuleType
 import torch
 
 from sluice.engines.llm.kernels import native_build
+from sluice.engines.llm.kernels.int4_layout import AVX512, Int4Layout, torch_layout
 
 log = logging.getLogger(__name__)
 
@@ -124,19 +125,23 @@ def decode_attention(
     return out
 
 
-def int4_unpack(packed: torch.Tensor, scale_zero: torch.Tensor, row0: int, out: torch.Tensor) -> None:
+def int4_unpack(packed: torch.Tensor, scale_zero: torch.Tensor, row0: int, out: torch.Tensor,
+                layout: Int4Layout | None = None) -> None:
     """Rows ``row0 .. row0 + out.shape[1]`` of an int4 weight in torch's packed CPU layout (``Int4Weight``),
     dequantised and transposed into ``out`` (``(K, rows)`` bfloat16, contiguous): ``W[row0:row0 + rows].T``.
-    ``row0`` starts a 64-row tile; the rows end on one or at the last (padded) row. Call only where
-    :func:`usable`."""
-    _ops().int4_unpack(packed, scale_zero, row0, out)
+    ``row0`` starts a block of the layout (a multiple of 64 always does); the rows end on one or at the last
+    (padded) row. ``layout``: the one torch packs in here (:func:`~.int4_layout.torch_layout`) unless given
+    (tests). Call only where :func:`usable`."""
+    layout = layout or torch_layout()
+    _ops().int4_unpack(packed, scale_zero, row0, out, layout.block, layout.halves)
 
 
 def int4_matmul_usable() -> bool:
     """Whether :func:`int4_matmul` runs here: the kernels usable and built with its vector path (a CPU with
-    AVX512-BF16 and BW), and ``SLUICE_INT4_MATMUL`` not ``0`` (benchmarks compare the two). Elsewhere
-    ``Int4Weight`` keeps torch's int4 kernel."""
-    return os.environ.get(INT4_MATMUL_ENV, "1") != "0" and usable() and _int4_vector_path()
+    AVX512-BF16 and BW), torch packing in the AVX512 layout the kernel reads, and ``SLUICE_INT4_MATMUL`` not
+    ``0`` (benchmarks compare the two). Elsewhere ``Int4Weight`` keeps torch's int4 kernel."""
+    return (os.environ.get(INT4_MATMUL_ENV, "1") != "0" and usable() and _int4_vector_path()
+            and torch_layout() == AVX512)
 
 
 @functools.cache

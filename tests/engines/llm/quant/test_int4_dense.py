@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sluice.engines.llm import LLM, SamplingParams
-from sluice.engines.llm.kernels import native_cpu
+from sluice.engines.llm.kernels import int4_layout, native_cpu
 from sluice.engines.llm.layers.quantized import QuantizedLinear, RowSplit, dense_rows
 from sluice.engines.llm.model_runner import DENSE_PROMPTS_ENV
 from sluice.engines.llm.quant import int4_dense
@@ -56,6 +56,37 @@ def test_unpack_gives_the_weight_rounded_to_bf16(rows: int, cols: int) -> None:
         assert torch.equal(part, out[:, 64:])
 
 
+@pytest.mark.parametrize("rows", [16, 48, 80, 112, 208])
+def test_the_layout_found_is_the_one_torch_packs_here(rows: int) -> None:
+    """torch's packing depends on the CPU capability it dispatches to; Sluice reads what it finds."""
+    layout = int4_layout.torch_layout()
+    expected = {"AVX512": int4_layout.AVX512, "AVX2": int4_layout.AVX2, "DEFAULT": int4_layout.PAIRS}
+    capability = torch.backends.cpu.get_cpu_capability()
+    if capability in expected:
+        assert layout == expected[capability]
+    q = torch.randint(0, 16, (rows, 64), generator=torch.Generator().manual_seed(rows), dtype=torch.int32)
+    assert torch.equal(torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1), int4_layout.pack(q, layout))
+
+
+@pytest.mark.parametrize("layout", int4_layout.KNOWN, ids=["avx512", "avx2", "pairs"])
+@pytest.mark.parametrize("rows", [64, 80, 112, 208])
+def test_unpack_reads_every_layout_torch_may_pack_in(layout: int4_layout.Int4Layout, rows: int) -> None:
+    """Whatever the machine, each layout is unpacked to the same weight (packed here in Python)."""
+    w, values = _weight(rows, 96, seed=rows)
+    q = torch.randint(0, 16, (rows, 96), generator=torch.Generator().manual_seed(rows + 1), dtype=torch.uint8)
+    scale_zero = w.scale_zero[:, :rows].contiguous()
+    s, z = scale_zero[..., 0].T.float(), (scale_zero[..., 1].T.float() if scale_zero.shape[2] == 2 else 0.0)
+    want = ((q.float() - 8).view(rows, -1, GROUP) * s.unsqueeze(-1) + torch.as_tensor(z).unsqueeze(-1)
+            ).view(rows, 96).to(torch.bfloat16)  # fmt: skip
+    out = torch.empty(96, rows, dtype=torch.bfloat16)
+    native_cpu.int4_unpack(int4_layout.pack(q, layout), scale_zero, 0, out, layout)
+    assert (out.T == want).float().mean() > 0.999  # only fma-vs-mul+add ties may round the other way
+    if rows > 64:
+        part = torch.empty(96, rows - 64, dtype=torch.bfloat16)
+        native_cpu.int4_unpack(int4_layout.pack(q, layout), scale_zero, 64, part, layout)
+        assert torch.equal(part, out[:, 64:])
+
+
 def test_unpack_reads_scales_only_as_scale_and_zero_point_0() -> None:
     """A Q4_0 weight (scales only, where Sluice's kernel runs) unpacks as its (scale, 0) pairs do."""
     q = torch.randint(0, 16, (208, 128), generator=torch.Generator().manual_seed(9), dtype=torch.uint8)
@@ -73,8 +104,8 @@ def test_unpack_reads_scales_only_as_scale_and_zero_point_0() -> None:
 
 def test_unpack_refuses_what_it_cannot_read() -> None:
     w, _ = _weight(128, 64, seed=0)
-    with pytest.raises(RuntimeError, match="start on a 64-row tile"):
-        native_cpu.int4_unpack(w.packed, w.scale_zero, 32, torch.empty(64, 64, dtype=torch.bfloat16))
+    with pytest.raises(RuntimeError, match="start on a block of the layout"):
+        native_cpu.int4_unpack(w.packed, w.scale_zero, 16, torch.empty(64, 64, dtype=torch.bfloat16))
     with pytest.raises(RuntimeError, match="rows out of range"):
         native_cpu.int4_unpack(w.packed, w.scale_zero, 64, torch.empty(64, 128, dtype=torch.bfloat16))
     with pytest.raises(RuntimeError, match="out must be"):

@@ -25,7 +25,8 @@ at::Tensor rotary(at::Tensor x, at::Tensor cos, at::Tensor sin);
 at::Tensor silu_mul(at::Tensor gate_up);
 
 // int4_unpack.cpp
-void int4_unpack(const at::Tensor& packed, const at::Tensor& scale_zero, int64_t row0, at::Tensor& out);
+void int4_unpack(const at::Tensor& packed, const at::Tensor& scale_zero, int64_t row0, at::Tensor& out,
+                 int64_t block, bool halves);
 
 // int4_matmul.cpp
 bool int4_matmul_available();
