@@ -20,7 +20,6 @@ delivery strategy, rebalance callbacks); the engine thread runs beside it. What 
 
 from __future__ import annotations
 
-import gc
 import logging
 import threading
 import time
@@ -37,16 +36,17 @@ from sluice.operator.batcher import Batcher, BatchPolicy
 from sluice.operator.continuous import ContinuousWorker
 from sluice.operator.delivery import STRATEGIES, Outcome
 from sluice.operator.emitter import Emitter
+from sluice.operator.gc_tuning import relax_gc, restore_gc
 from sluice.operator.intake import Intake
 from sluice.operator.ledger import InFlightLedger
 from sluice.operator.observer import Observer
 from sluice.operator.ports import Sink, Source, SourceFailed
+from sluice.operator.progress import LoopProgress, log_changes, run_watchdog
 from sluice.operator.record import TopicPartition, names
 from sluice.operator.reload.reloader import Reloader
 from sluice.operator.serving import Engine, Serving
 from sluice.operator.stalls import StallingDecoder, Stalls
 from sluice.operator.state import ForcedStop, RunSummary, SharedState
-from sluice.operator.watchdog import Probe, Watchdog
 from sluice.operator.worker import EngineThread, EngineWorker
 from sluice.schemas.codec import RecordCodec
 
@@ -105,9 +105,8 @@ class Runner:
                                          self.intake.is_stalled)
         self.delivery = delivery_type(p, self.state, source, sink, clock)
         self._stop = threading.Event()
-        self._turns, self._looping = 0, False  # the poll loop's progress, for the watchdog
-        self.watchdog = Watchdog({"poll loop": self._loop_probe, "engine": self._engine_probe,
-                                  "delivery": self._delivery_probe}, p.runtime.stall_timeout_s, clock)
+        self._loop = LoopProgress()  # the poll loop's progress, for the watchdog
+        self.watchdog = run_watchdog(self.state, sink, self._loop, p.runtime.stall_timeout_s, clock)
         self._reload_asked = False
         self._on_close = tuple(on_close)
         # when partitions were last (re)assigned or rewound: records may come again, so idle time starts over
@@ -131,8 +130,7 @@ class Runner:
         return self.state.forced
 
     @property
-    def abandoned_engine(self) -> bool:
-        """After :meth:`run`: a forced stop left the engine thread inside an engine call."""
+    def abandoned_engine(self) -> bool:  # after run(): a forced stop left the engine thread in an engine call
         return self.forced and self.worker.is_alive()
 
     def reload(self) -> None:
@@ -149,7 +147,7 @@ class Runner:
         started = self.clock()
         state = self.state
         self.emitter.read_topic_limits()
-        gc_thresholds = _relax_gc()
+        gc_thresholds = relax_gc()
         self.observer.model_serving(self.serving.engine, self.serving.identity, self.serving.warmup_s)
         self.worker.start()
         if self.reloader is not None:
@@ -163,9 +161,10 @@ class Runner:
             self.delivery.start(started)
             if state.stop_reason is None:
                 self.source.subscribe(self._on_assign, self._on_revoke, self._on_lost)
-            self._looping = True
+            loop = self._loop
+            loop.running = True
             while not self._stop.is_set() and state.stop_reason is None:
-                self._turns += 1
+                loop.turns += 1
                 self.backpressure.apply()
                 limit = self.backpressure.poll_limit(
                     None if self.max_records is None else self.max_records - self.summary.num_in)
@@ -187,7 +186,7 @@ class Runner:
                     self._start_over()
                 if now - last_tick >= _TICK_S:
                     self.observer.tick(now, state.ledger.num_in_flight, self.source.lag())
-                    self._log_stalls()
+                    log_changes(self.watchdog)
                     last_tick = now
                 if self._finished(now, last_record):
                     break
@@ -196,7 +195,7 @@ class Runner:
         except ForcedStop as err:  # a commit or a revoke waited for the engine: it does not happen
             log.debug("%s", err)
         finally:
-            self._looping = False  # the drain is bounded by its own timeout
+            self._loop.running = False  # the drain is bounded by its own timeout
             self.observer.stopping()
             try:
                 self._shutdown()
@@ -206,8 +205,7 @@ class Runner:
                 for close in self._on_close:
                     close()
             self.observer.stopped()
-            gc.set_threshold(*gc_thresholds)
-            gc.unfreeze()
+            restore_gc(gc_thresholds)
         self.summary.elapsed_s = self.clock() - started
         self.summary.error = state.stop_reason
         return self.summary
@@ -263,31 +261,6 @@ class Runner:
             self.intake.hand_over(ready)
         self.intake.follow_switch()  # ...and from then on, records are prepared by the new engine
 
-    # --------------------------------------------------------------------------------------- watchdog
-
-    def _loop_probe(self) -> Probe:
-        return Probe(self._looping, self._turns)
-
-    def _engine_probe(self) -> Probe:
-        state = self.state
-        queued = len(state.batcher)
-        return Probe(queued > 0 or state.busy, state.num_steps,
-                     f"{queued} records queued" + (", a batch running" if state.busy else ""))
-
-    def _delivery_probe(self) -> Probe:
-        pending = self.sink.num_pending()
-        summary = self.summary
-        return Probe(pending > 0, summary.num_out + summary.num_dead_lettered,
-                     f"{pending} outputs waiting for acknowledgement")
-
-    def _log_stalls(self) -> None:
-        stalled, recovered = self.watchdog.changes()
-        for stall in stalled:
-            log.warning("stalled: %s (/healthz answers 503 until it moves; runtime.stall_timeout_s is %g)",
-                        stall.reason, self.watchdog.stall_after_s)
-        for stall in recovered:
-            log.info("%s moves again", stall.part)
-
     # --------------------------------------------------------------------------------------- shutdown
 
     def _finished(self, now: float, last_record: float) -> bool:
@@ -300,7 +273,6 @@ class Runner:
         return self.state.is_idle()
 
     def _shutdown(self) -> None:
-        """Stop taking records, drain in-flight batches within the drain timeout, commit, close."""
         """Stop taking records, drain in-flight batches within the drain timeout, commit, close. A forced stop
         (:meth:`force`, also in the middle of this) cuts every wait short."""
         deadline = self.clock() + self.pipeline.runtime.drain_timeout_s
@@ -326,19 +298,3 @@ class Runner:
 
 def _close(engine: Engine) -> None:
     engine.close()
-
-
-def _relax_gc() -> tuple[int, int, int]:
-    """Make the cyclic garbage collector cheap for a stream of short-lived records.
-
-    Every record allocates a few small container objects; with CPython's default thresholds the collector
-    runs every 700 allocations and, with thousands of records in flight, its full passes cost a large share
-    of the operator's CPU (bench/operator_overhead.py). Records hold no reference cycles, so
-    reference counting frees them anyway: collect less often, and freeze what exists at start (modules,
-    the model) so that full passes never walk it again. Returns the old thresholds to restore.
-    """
-    old = gc.get_threshold()
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(50_000, 20, 100)
-    return old

@@ -7,8 +7,8 @@ client -- dozens of lines a second that bury everything else in an operator's lo
 * the first connectivity error: one WARNING line, ``<client>: lost the brokers: <error>``;
 * while they stay unreachable: one WARNING summary every ``summary_every_s`` (how long, how many errors,
   the latest one); the reports in between go to DEBUG;
-* the first sign they answer again (:meth:`reachable`: a broker up in the client's statistics, a record
-  fetched, a delivery acknowledged): one INFO line, ``<client>: brokers reachable again after N s``.
+* the first sign they answer again (:meth:`reachable`: a broker up in the client's statistics,
+  sluice/connectors/kafka/statistics.py): one INFO line, ``<client>: brokers reachable again after N s``.
 
 Errors that are not about reaching the brokers pass through as they are. Pure: the clock and the logger are
 passed in. Thread-safe (librdkafka calls back on whichever thread polls).
@@ -73,15 +73,6 @@ class ConnectivityLog:
                 return
             down_s, self.down_since_s = self.clock() - self.down_since_s, None
             self.log.info("%s: brokers reachable again after %.0f s", self.client, down_s)
-
-
-def any_broker_up(stats: dict[str, object]) -> bool:
-    """From a librdkafka statistics document: is some real broker (not a bootstrap placeholder) ``UP``?"""
-    brokers = stats.get("brokers")
-    if not isinstance(brokers, dict):
-        return False
-    return any(isinstance(b, dict) and b.get("state") == "UP" and b.get("nodeid", -1) != -1
-               for b in brokers.values())
 
 
 class QuietConnectionLines(logging.Filter):

@@ -7,7 +7,6 @@ ledger. Delivery reports are served only on the thread that calls :meth:`KafkaSi
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -21,11 +20,11 @@ from sluice.config import KafkaSink as KafkaSinkConfig
 from sluice.connectors.kafka.admin import TopicLimits
 from sluice.connectors.kafka.connectivity import (
     ConnectivityLog,
-    any_broker_up,
     is_connectivity,
     librdkafka_logger,
 )
 from sluice.connectors.kafka.security import security_config
+from sluice.connectors.kafka.statistics import read_statistics
 from sluice.operator.ports import ProduceFailed
 from sluice.operator.record import TopicPartition
 
@@ -150,11 +149,8 @@ class KafkaSink:
             log.warning("kafka producer: %s", err.str())
 
     def _on_stats(self, stats_json: str) -> None:
-        try:
-            if any_broker_up(json.loads(stats_json)):
-                self._connectivity.reachable()
-        except ValueError as err:
-            log.debug("unreadable librdkafka statistics: %s", err)
+        if read_statistics(stats_json).broker_up:
+            self._connectivity.reachable()
 
     def _hint(self, err: KafkaError) -> str:
         if err.fatal() and self._transactional:

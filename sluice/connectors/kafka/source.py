@@ -8,7 +8,6 @@ producer's transactions, never by this consumer. All methods run on the operator
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -18,9 +17,10 @@ from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, 
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 
 from sluice.config import KafkaSource as KafkaSourceConfig
-from sluice.connectors.kafka.connectivity import ConnectivityLog, any_broker_up, is_connectivity
+from sluice.connectors.kafka.connectivity import ConnectivityLog, is_connectivity
 from sluice.connectors.kafka.consumer_config import consumer_config
 from sluice.connectors.kafka.fencing import RejoinBudget, is_fenced_instance
+from sluice.connectors.kafka.statistics import read_statistics
 from sluice.operator.ports import PartitionsCallback, SourceFailed
 from sluice.operator.record import InputRecord, TopicPartition
 
@@ -199,18 +199,10 @@ class KafkaSource:
         return {tp: lag for tp, lag in self._lag.items() if tp in self.assignment}
 
     def _on_stats(self, stats_json: str) -> None:
-        try:
-            stats = json.loads(stats_json)
-            if any_broker_up(stats):
-                self._connectivity.reachable()
-            lag = {}
-            for topic, t in stats.get("topics", {}).items():
-                for part, p in t.get("partitions", {}).items():
-                    if int(part) >= 0 and p.get("consumer_lag", -1) >= 0:
-                        lag[TopicPartition(topic, int(part))] = int(p["consumer_lag"])
-            self._lag = lag
-        except (ValueError, KeyError, TypeError) as err:
-            log.debug("unreadable librdkafka statistics: %s", err)
+        stats = read_statistics(stats_json)
+        if stats.broker_up:
+            self._connectivity.reachable()
+        self._lag = stats.lag
 
     def group_metadata(self) -> Any:
         """The consumer's group metadata, for ``send_offsets_to_transaction`` (fences zombies, KIP-447)."""
