@@ -79,6 +79,16 @@ class ModelInfo:
         for a second copy there). Default ``cpu``."""
         return "cpu"
 
+    def check_model(self) -> None:
+        """Refuse, as ``start`` would and with its line (EngineStartError), what the model's files say
+        before its weights are loaded: a ``config.json``, a GGUF header, the tokenizer. ``sluice validate``
+        calls it instead of ``start`` on a model it found on this machine (a model not there is the caller's
+        to report). Guarantees: it runs the code ``start`` runs first, so it refuses nothing ``start`` would
+        accept; it checks nothing about this machine (devices, runtimes); it loads none of the model's
+        weights and imports no torch (beyond what ``start`` itself reads first: a sentence-transformers
+        model's small Dense layers, with torch only when they are a torch pickle). Default: nothing to check
+        (a model built in code)."""
+
 
 class BatchEngine(ModelInfo, ABC):
     """A model served batch by batch.

@@ -10,6 +10,9 @@ Start, in this order, so a wrong pipeline fails before anything slow happens::
     io = backend.open(request)          # export / build / load (may take long)
     task.bind(io)                       # the model's inputs and outputs fit the task
     warm-up: batch 1 and the largest batch, so the first records pay no set-up
+
+``check_model`` (``sluice validate``) runs the first two steps alone, on the model's files as the backend
+finds them without checking the machine (``backend.find()``), and drops the task.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sluice.engines.backends.base import Backend, LoadRequest
+from sluice.engines.backends.base import Backend, LoadRequest, ModelFiles
 from sluice.engines.base import BatchEngine, EngineContext, EngineStartError, first_line
 from sluice.engines.identity import ModelSource, code_source
 from sluice.engines.model_source import disk_source
@@ -50,8 +53,7 @@ class TaskEngine(BatchEngine):
             files = self.backend.locate()
             phase.detail = str(files.model_path or files.directory or "")
         with start.phase(f"set up task {self.options.task}"):  # tokenizer, labels, pooling: one-line errors
-            task = self.task_type.create(self.task_options, TaskContext(engine=self.engine_name, files=files,
-                                                                        max_batch_size=self.context.max_batch_size))
+            task = self._create_task(files)
         with start.phase("loaded the model"):  # an export, an int8 rewrite or an engine build log their own lines
             io = self.backend.open(LoadRequest(model_class=task.model_class, model_dir=task.model_dir,
                                                max_tokens=task.max_tokens, max_batch_size=self.context.max_batch_size,
@@ -61,6 +63,15 @@ class TaskEngine(BatchEngine):
         if self.warmup:
             with start.phase("warmed up") as phase:
                 phase.detail = self._warm_up(task)
+
+    def check_model(self) -> None:
+        """The model's files against the task, as ``start`` sets the task up before loading the model:
+        config.json's head and labels, the tokenizer, a sentence-transformers model's modules."""
+        self._create_task(self.backend.find())
+
+    def _create_task(self, files: ModelFiles) -> Task:
+        return self.task_type.create(self.task_options, TaskContext(engine=self.engine_name, files=files,
+                                                                    max_batch_size=self.context.max_batch_size))
 
     def close(self) -> None:
         self.backend.close()

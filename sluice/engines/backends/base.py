@@ -4,6 +4,7 @@ Driven by :class:`sluice.engines.task_engine.TaskEngine`, on these threads::
 
     backend = make_backend(options, context)   # cheap: nothing loaded
     files = backend.locate()                   # engine start: where the model's configs and tokenizer are
+    files = backend.find()                     # or, for ``sluice validate``: the same, this machine unchecked
     io = backend.open(request)                 # engine start: load (export, build) the model; may block long
     outputs = backend.run(feeds, names)        # engine thread, one batch at a time
     backend.close()
@@ -127,6 +128,12 @@ class Backend(ABC):
 
         Raises EngineStartError (one line) when it does not exist.
         """
+
+    def find(self) -> ModelFiles:
+        """What :meth:`locate` returns, without checking what this machine has (a GPU, a runtime package):
+        where ``sluice validate`` reads the model's files. EngineStartError (one line) when they are not
+        there. Default: ``locate()``, for backends whose ``locate`` checks nothing of the machine."""
+        return self.locate()
 
     @abstractmethod
     def open(self, request: LoadRequest) -> ModelIO:

@@ -71,8 +71,11 @@ class TensorrtBackend(Backend):
                                                    has_torch=has_torch)
         if error:
             raise EngineStartError(error)
-        self._files = locate_onnx(self.options.model, self.context, "tensorrt")
+        self._files = self.find()
         return self._files
+
+    def find(self) -> ModelFiles:
+        return locate_onnx(self.options.model, self.context, "tensorrt")
 
     def open(self, request: LoadRequest) -> ModelIO:
         import torch

@@ -12,12 +12,31 @@ Usage::
     # constrained decoding: the answer can only be one of the labels (or match a JSON Schema, a regex)
     label = StructuredOutput(choice=["positive", "negative", "neutral"])
     [out] = llm.generate([prompt], SamplingParams(max_tokens=8, structured_output=label))
+
+The names below are imported when first used, so importing a torch-free part of this package (its options,
+``checkpoint.py``, the family registry: what ``sluice validate`` reads) does not import torch.
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from sluice.engines.llm.config import EngineConfig, ModelConfig
-from sluice.engines.llm.engine import LLM, EngineStats, RequestOutput
-from sluice.engines.llm.request import RequestStatus, SamplingParams
-from sluice.engines.llm.structured import GrammarError, StructuredOutput
+
+if TYPE_CHECKING:
+    from sluice.engines.llm.engine import LLM, EngineStats, RequestOutput
+    from sluice.engines.llm.request import RequestStatus, SamplingParams
+    from sluice.engines.llm.structured import GrammarError, StructuredOutput
+
+_LAZY = {"LLM": "engine", "EngineStats": "engine", "RequestOutput": "engine", "RequestStatus": "request",
+         "SamplingParams": "request", "GrammarError": "structured", "StructuredOutput": "structured"}
 
 __all__ = ["LLM", "EngineConfig", "EngineStats", "GrammarError", "ModelConfig", "RequestOutput", "RequestStatus",
            "SamplingParams", "StructuredOutput"]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)

@@ -12,10 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from sluice.engines.llm.checkpoint import find_gguf
 from sluice.engines.llm.config import ModelConfig
 from sluice.engines.llm.gguf_file import GGUFFile
 from sluice.engines.llm.tokenizer import ChatTokenizer
-from sluice.engines.llm.weights import Source, find_gguf, load_weights
+from sluice.engines.llm.weights import Source, load_weights
 from sluice.models.catalogue import KNOWN_MODELS, ModelError
 from sluice.models.fetch import resolve_model
 

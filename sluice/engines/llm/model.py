@@ -22,6 +22,7 @@ from torch import nn
 
 from sluice.engines.llm.attention import AttentionMetadata
 from sluice.engines.llm.config import ModelConfig, RopeConfig
+from sluice.engines.llm.layers.decoder import DECODER_LAYERS
 from sluice.engines.llm.layers.native_layers import NativeDecodeLayers
 from sluice.engines.llm.layers.norm import make_norm
 from sluice.engines.llm.layers.quantized import QuantizedEmbedding, QuantizedLinear, RescoredHead
@@ -97,7 +98,7 @@ class CausalLM(nn.Module):
             weights = "fp32"
 
         with torch.device("meta"):
-            model = cls(cfg, max_model_len, family_named(cfg.architecture).decoder_layer)
+            model = cls(cfg, max_model_len, DECODER_LAYERS[family_named(cfg.architecture).decoder_layer])
         keep_fp32 = {
             f"{name}.{param}" if name else param
             for name, module in model.named_modules()

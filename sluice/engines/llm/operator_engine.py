@@ -117,6 +117,15 @@ class LLMEngine(ContinuousEngine):
             raise EngineStartError(f"model {o.model!r} has no tokenizer; the llm engine needs one for its prompts")
         self.tokenizer = self.llm.tokenizer
 
+    def check_model(self) -> None:
+        """The checkpoint read as ``start`` reads it before its weights (``checkpoint.py``), refused alike."""
+        from sluice.engines.llm.checkpoint import read_model_checkpoint
+
+        try:
+            read_model_checkpoint(self.options.model, self.context.pipeline_dir)
+        except (OSError, ValueError, TypeError) as err:
+            raise EngineStartError(f"cannot load model {self.options.model!r}: {err}") from None
+
     def model_source(self) -> ModelSource:
         # a known name's cached directory, else a path relative to the pipeline file (as LLM() resolves it)
         return disk_source(self.options.model, self.context.pipeline_dir)

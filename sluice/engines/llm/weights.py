@@ -1,7 +1,7 @@
 """Load a model's weights from a HF safetensors directory or a GGUF file, for any registered family.
 
-Both loaders find the family in the registry (``models/registry.py``), parse its :class:`ModelConfig`, and
-return the tensors under the model's names (``layers.0.self_attn.qkv_proj.weight``...) on the CPU, as the
+Both loaders read the checkpoint's family and :class:`ModelConfig` first (``checkpoint.py``: the
+refusals ``sluice validate`` shares), then return the tensors under the model's names (``layers.0.self_attn.qkv_proj.weight``...) on the CPU, as the
 checkpoint holds them: a HF checkpoint's matrices in its own dtype (vectors in float32), a GGUF's float
 tensors in float32 and its quantised ones as raw rows (:class:`~sluice.engines.llm.quant.gguf_blocks.GGUFRows`,
 views of the mapped file). The model converts each into its final form one at a time
@@ -21,19 +21,16 @@ the family's :class:`WeightNames`:
 
 from __future__ import annotations
 
-import json
 import re
-from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
 
+from sluice.engines.llm.checkpoint import Checkpoint, read_checkpoint
 from sluice.engines.llm.config import ModelConfig
 from sluice.engines.llm.gguf_file import GGUFFile, GGUFTensor
-from sluice.engines.llm.models.common import GGUFMetadata, ModelFamily, eos_ids
-from sluice.engines.llm.models.registry import family_for_gguf, family_for_hf
+from sluice.engines.llm.models.common import ModelFamily
 from sluice.engines.llm.quant.gguf_rows import FileRows, GGUFRows, cat_rows
 from sluice.engines.llm.quant.policy import Source
 
@@ -47,54 +44,26 @@ _GGUF_LAYER_RE = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
 _FUSABLE_RE = re.compile(r"^(.*)\.(\w+)\.(weight|bias)$")
 
 
-def find_gguf(path: str | Path) -> Path | None:
-    """``path`` itself if it is a ``.gguf`` file, the single ``.gguf`` in a directory without
-    ``config.json``, else None."""
-    path = Path(path)
-    if path.is_file() and path.suffix == ".gguf":
-        return path
-    if path.is_dir() and not (path / "config.json").is_file():
-        ggufs = sorted(path.glob("*.gguf"))
-        if len(ggufs) == 1:
-            return ggufs[0]
-    return None
-
-
 def load_weights(path: str | Path, gguf_file: GGUFFile | None = None) -> tuple[ModelConfig, dict[str, Source]]:
-    """Load a ``.gguf`` file or a directory holding ``config.json`` and ``*.safetensors``.
+    """Load a ``.gguf`` file or a directory holding ``config.json`` and ``*.safetensors``; ValueError (one
+    line) for a checkpoint the engine cannot run (:func:`~sluice.engines.llm.checkpoint.read_checkpoint`).
 
     ``gguf_file``: that file already opened (its tokenizer is read from the same parse).
     """
-    path = Path(path)
-    gguf = find_gguf(path)
-    if gguf is not None:
-        return load_gguf(gguf, gguf_file)
-    if path.is_dir() and (path / "config.json").is_file():
-        return load_safetensors_dir(path)
-    raise ValueError(f"{path} is neither a .gguf file nor a directory with config.json and *.safetensors")
-
-
-def model_config_from_hf(cfg: dict[str, Any]) -> ModelConfig:
-    """The :class:`ModelConfig` of a HF ``config.json`` dict (ValueError naming what is unsupported)."""
-    return family_for_hf(cfg).config_from_hf(cfg)
+    checkpoint = read_checkpoint(path, gguf_file)
+    if checkpoint.gguf is not None:
+        return checkpoint.config, _gguf_tensors(checkpoint, checkpoint.gguf)
+    return checkpoint.config, _safetensors_tensors(checkpoint)
 
 
 # ---------------------------------------------------------------- safetensors
 
 
-def load_safetensors_dir(path: Path) -> tuple[ModelConfig, dict[str, Source]]:
+def _safetensors_tensors(checkpoint: Checkpoint) -> dict[str, Source]:
     from safetensors.torch import load_file
 
-    raw = json.loads((path / "config.json").read_text())
-    family = family_for_hf(raw)
-    config = family.config_from_hf(raw)
-    if (path / "generation_config.json").is_file():  # HF generate stops on these too (Gemma's <end_of_turn>)
-        generation = json.loads((path / "generation_config.json").read_text())
-        eos = tuple(dict.fromkeys((*config.eos_token_ids, *eos_ids(generation.get("eos_token_id")))))
-        config = replace(config, eos_token_ids=eos)
+    family, path = checkpoint.family, checkpoint.path
     files = sorted(path.glob("*.safetensors"))
-    if not files:
-        raise ValueError(f"no *.safetensors files in {path}")
     tensors: dict[str, torch.Tensor] = {}
     for f in files:
         for name, tensor in load_file(str(f)).items():
@@ -105,7 +74,7 @@ def load_safetensors_dir(path: Path) -> tuple[ModelConfig, dict[str, Source]]:
         for name in tensors:
             if name.endswith("norm.weight"):
                 tensors[name] = 1.0 + tensors[name]
-    return config, fuse(family, dict[str, Source](tensors))
+    return fuse(family, dict[str, Source](tensors))
 
 
 def _hf_name(family: ModelFamily, name: str) -> str | None:
@@ -153,13 +122,6 @@ def _cat_rows(parts: list[Source]) -> Source:
 # ---------------------------------------------------------------- GGUF
 
 
-def model_config_from_gguf(file: GGUFFile) -> ModelConfig:
-    meta = GGUFMetadata(file)
-    config_from_gguf = family_for_gguf(meta.arch).config_from_gguf
-    assert config_from_gguf is not None  # family_for_gguf returns only families with a parser
-    return config_from_gguf(meta)
-
-
 def unpermute_rotary_rows(w: np.ndarray, num_heads: int) -> np.ndarray:
     """Undo llama.cpp's row permutation of a Q/K projection ``(num_heads * head_dim, ...)``.
 
@@ -170,11 +132,8 @@ def unpermute_rotary_rows(w: np.ndarray, num_heads: int) -> np.ndarray:
     return w.reshape(num_heads, head_dim // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def load_gguf(path: Path, file: GGUFFile | None = None) -> tuple[ModelConfig, dict[str, Source]]:
-    file = file if file is not None else GGUFFile(path)
-    meta = GGUFMetadata(file)
-    family = family_for_gguf(meta.arch)
-    config = model_config_from_gguf(file)
+def _gguf_tensors(checkpoint: Checkpoint, file: GGUFFile) -> dict[str, Source]:
+    family, config, path = checkpoint.family, checkpoint.config, checkpoint.path
     layer_names = family.weights.gguf_layer_names
     tensors: dict[str, Source] = {}
     for t in file.tensors:
@@ -186,14 +145,14 @@ def load_gguf(path: Path, file: GGUFFile | None = None) -> tuple[ModelConfig, di
         else:
             m = _GGUF_LAYER_RE.match(t.name)
             if m is None or m.group(2) not in layer_names:
-                raise ValueError(f"unexpected tensor {t.name!r} in {path.name} ({meta.arch})")
+                raise ValueError(f"unexpected tensor {t.name!r} in {path.name} ({file.get('general.architecture')})")
             layer, kind, suffix = m.groups()
             if family.weights.gguf_permute_qk and kind in ("attn_q", "attn_k"):
                 heads = config.num_heads if kind == "attn_q" else config.num_kv_heads
                 value = _unpermute(value, heads)
             name = f"layers.{layer}.{layer_names[kind]}.{suffix}"
         tensors[name] = value
-    return config, fuse(family, tensors)
+    return fuse(family, tensors)
 
 
 def _gguf_value(path: Path, t: GGUFTensor) -> Source:

@@ -23,11 +23,11 @@ from torch import nn
 
 from sluice.engines.llm.attention import AttentionMetadata
 from sluice.engines.llm.kernels import native_cpu
+from sluice.engines.llm.layers.decoder import LlamaDecoderLayer
 from sluice.engines.llm.layers.mlp import GatedMLP
 from sluice.engines.llm.layers.norm import RMSNorm
 from sluice.engines.llm.layers.quantized import QuantizedLinear, routing_rows
 from sluice.engines.llm.layers.self_attention import KVCache, SelfAttention
-from sluice.engines.llm.models.llama import LlamaDecoderLayer
 from sluice.engines.llm.quant.packed import Int4Weight
 
 ENV = "SLUICE_NATIVE_LAYERS"

@@ -2,8 +2,10 @@
 
 A :class:`ModelFamily` gives the engine three things (vLLM's model registry + ``packed_modules_mapping``):
 how to read its architecture from a HF ``config.json`` or GGUF metadata into a :class:`ModelConfig`, the
-decoder layer module, and :class:`WeightNames` -- how a checkpoint's tensor names map onto the model's,
-including which projections are fused (q/k/v into ``qkv_proj``, gate/up into ``gate_up_proj``).
+name of its decoder layer (``layers/decoder.py``), and :class:`WeightNames` -- how a checkpoint's tensor
+names map onto the model's, including which projections are fused (q/k/v into ``qkv_proj``, gate/up into
+``gate_up_proj``). A family is plain data and config parsing, without torch: ``sluice validate`` reads a
+checkpoint's config through the same families the engine loads it with (``checkpoint.py``).
 
 HF configs come in two dialects: transformers 5's ``rope_parameters`` (what ``save_pretrained`` writes now)
 and the Hub's older ``rope_theta`` + ``rope_scaling``; :func:`hf_rope` reads both.
@@ -16,7 +18,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from torch import nn
 
 from sluice.engines.llm.config import ModelConfig, RopeConfig
 from sluice.engines.llm.gguf_file import GGUFFile
@@ -67,7 +68,7 @@ class ModelFamily:
     gguf_architectures: tuple[str, ...]
     config_from_hf: Callable[[dict[str, Any]], ModelConfig]
     config_from_gguf: Callable[[GGUFMetadata], ModelConfig] | None
-    decoder_layer: type[nn.Module]  # built as decoder_layer(config, layer_index)
+    decoder_layer: str  # its block: a key of layers/decoder.py's DECODER_LAYERS ("llama", "gemma")
     weights: WeightNames = WeightNames()
 
 

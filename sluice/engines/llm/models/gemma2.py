@@ -13,14 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
-from torch import nn
-
-from sluice.engines.llm.attention import AttentionMetadata
 from sluice.engines.llm.config import ModelConfig
-from sluice.engines.llm.layers.mlp import GatedMLP
-from sluice.engines.llm.layers.norm import make_norm
-from sluice.engines.llm.layers.self_attention import KVCache, SelfAttention
 from sluice.engines.llm.models.common import (
     GGUF_LLAMA_LAYER_NAMES,
     GGUFMetadata,
@@ -42,26 +35,6 @@ GGUF_GEMMA_LAYER_NAMES = {
     "post_attention_norm": "post_attention_layernorm",
     "post_ffw_norm": "post_feedforward_layernorm",
 }
-
-
-class GemmaDecoderLayer(nn.Module):
-    """``h += post_norm(attn(pre_norm(h))); h += post_ff_norm(mlp(pre_ff_norm(h)))`` (Gemma 2 and 3)."""
-
-    def __init__(self, cfg: ModelConfig, layer: int) -> None:
-        super().__init__()
-        size, eps = cfg.hidden_size, cfg.rms_norm_eps
-        self.input_layernorm = make_norm(size, eps, gemma=True)
-        self.self_attn = SelfAttention(cfg, layer)
-        self.post_attention_layernorm = make_norm(size, eps, gemma=True)
-        self.pre_feedforward_layernorm = make_norm(size, eps, gemma=True)
-        self.mlp = GatedMLP(cfg)
-        self.post_feedforward_layernorm = make_norm(size, eps, gemma=True)
-
-    def forward(
-        self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: KVCache, meta: AttentionMetadata
-    ) -> torch.Tensor:  # (num_tokens, hidden) -> same
-        h = h + self.post_attention_layernorm(self.self_attn(self.input_layernorm(h), cos, sin, kv_cache, meta))
-        return h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
 
 
 def hf_activation(cfg: dict[str, Any]) -> str:
@@ -123,6 +96,6 @@ FAMILY = ModelFamily(
     gguf_architectures=("gemma2",),
     config_from_hf=config_from_hf,
     config_from_gguf=config_from_gguf,
-    decoder_layer=GemmaDecoderLayer,
+    decoder_layer="gemma",
     weights=GEMMA_WEIGHTS,
 )

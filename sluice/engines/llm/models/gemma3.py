@@ -23,7 +23,7 @@ from sluice.engines.llm.models.common import (
     hf_rope,
     hf_sliding_windows,
 )
-from sluice.engines.llm.models.gemma2 import GEMMA_WEIGHTS, GemmaDecoderLayer, gguf_gemma_base, hf_gemma_base
+from sluice.engines.llm.models.gemma2 import GEMMA_WEIGHTS, gguf_gemma_base, hf_gemma_base
 
 DEFAULT_PATTERN = 6  # every 6th layer is global
 
@@ -80,7 +80,7 @@ FAMILY = ModelFamily(
     gguf_architectures=("gemma3",),
     config_from_hf=config_from_hf,
     config_from_gguf=config_from_gguf,
-    decoder_layer=GemmaDecoderLayer,
+    decoder_layer="gemma",
     weights=WeightNames(
         gguf_layer_names=GEMMA_WEIGHTS.gguf_layer_names,
         hf_norm_plus_one=True,

@@ -12,14 +12,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-import torch
-from torch import nn
-
-from sluice.engines.llm.attention import AttentionMetadata
 from sluice.engines.llm.config import ModelConfig
-from sluice.engines.llm.layers.mlp import GatedMLP
-from sluice.engines.llm.layers.norm import make_norm
-from sluice.engines.llm.layers.self_attention import KVCache, SelfAttention
 from sluice.engines.llm.models.common import (
     GGUFMetadata,
     ModelFamily,
@@ -29,23 +22,6 @@ from sluice.engines.llm.models.common import (
     hf_base,
     hf_rope,
 )
-
-
-class LlamaDecoderLayer(nn.Module):
-    """Pre-norm block: ``h += attn(norm(h)); h += mlp(norm(h))`` (also Mistral, Qwen2/3, Phi-3)."""
-
-    def __init__(self, cfg: ModelConfig, layer: int) -> None:
-        super().__init__()
-        self.input_layernorm = make_norm(cfg.hidden_size, cfg.rms_norm_eps, cfg.gemma_norms)
-        self.self_attn = SelfAttention(cfg, layer)
-        self.post_attention_layernorm = make_norm(cfg.hidden_size, cfg.rms_norm_eps, cfg.gemma_norms)
-        self.mlp = GatedMLP(cfg)
-
-    def forward(
-        self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: KVCache, meta: AttentionMetadata
-    ) -> torch.Tensor:  # (num_tokens, hidden) -> same
-        h = h + self.self_attn(self.input_layernorm(h), cos, sin, kv_cache, meta)
-        return h + self.mlp(self.post_attention_layernorm(h))
 
 
 def config_from_hf(cfg: dict[str, Any]) -> ModelConfig:
@@ -70,6 +46,6 @@ FAMILY = ModelFamily(
     gguf_architectures=("llama",),
     config_from_hf=config_from_hf,
     config_from_gguf=config_from_gguf,
-    decoder_layer=LlamaDecoderLayer,
+    decoder_layer="llama",
     weights=WeightNames(gguf_permute_qk=True),
 )

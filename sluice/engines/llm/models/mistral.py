@@ -12,7 +12,6 @@ from typing import Any
 
 from sluice.engines.llm.config import ModelConfig
 from sluice.engines.llm.models.common import ModelFamily, hf_base, hf_rope, hf_sliding_windows
-from sluice.engines.llm.models.llama import LlamaDecoderLayer
 
 
 def config_from_hf(cfg: dict[str, Any]) -> ModelConfig:
@@ -28,5 +27,5 @@ FAMILY = ModelFamily(
     gguf_architectures=(),
     config_from_hf=config_from_hf,
     config_from_gguf=None,
-    decoder_layer=LlamaDecoderLayer,
+    decoder_layer="llama",
 )

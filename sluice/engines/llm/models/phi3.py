@@ -24,7 +24,6 @@ from sluice.engines.llm.models.common import (
     hf_rope,
     hf_sliding_windows,
 )
-from sluice.engines.llm.models.llama import LlamaDecoderLayer
 
 
 def config_from_hf(cfg: dict[str, Any]) -> ModelConfig:
@@ -64,7 +63,7 @@ FAMILY = ModelFamily(
     gguf_architectures=("phi3",),
     config_from_hf=config_from_hf,
     config_from_gguf=config_from_gguf,
-    decoder_layer=LlamaDecoderLayer,
+    decoder_layer="llama",
     # already fused in the checkpoints; llama.cpp keeps gate+up fused in ffn_up
     weights=WeightNames(packed={}, gguf_layer_names={**GGUF_LLAMA_LAYER_NAMES, "ffn_up": "mlp.gate_up_proj"}),
 )

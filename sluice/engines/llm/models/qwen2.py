@@ -19,7 +19,6 @@ from sluice.engines.llm.models.common import (
     hf_rope,
     hf_sliding_windows,
 )
-from sluice.engines.llm.models.llama import LlamaDecoderLayer
 
 
 def hf_qwen_windows(cfg: dict[str, Any], num_layers: int) -> tuple[int | None, ...]:
@@ -47,5 +46,5 @@ FAMILY = ModelFamily(
     gguf_architectures=("qwen2",),
     config_from_hf=config_from_hf,
     config_from_gguf=config_from_gguf,
-    decoder_layer=LlamaDecoderLayer,
+    decoder_layer="llama",
 )

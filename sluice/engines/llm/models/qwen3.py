@@ -12,7 +12,6 @@ from typing import Any
 
 from sluice.engines.llm.config import ModelConfig
 from sluice.engines.llm.models.common import GGUFMetadata, ModelFamily, gguf_base, gguf_rope, hf_base, hf_rope
-from sluice.engines.llm.models.llama import LlamaDecoderLayer
 from sluice.engines.llm.models.qwen2 import hf_qwen_windows
 
 
@@ -37,5 +36,5 @@ FAMILY = ModelFamily(
     gguf_architectures=("qwen3",),
     config_from_hf=config_from_hf,
     config_from_gguf=config_from_gguf,
-    decoder_layer=LlamaDecoderLayer,
+    decoder_layer="llama",
 )

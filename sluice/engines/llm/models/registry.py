@@ -2,7 +2,9 @@
 
 A HF directory is matched by ``config.json``'s ``architectures`` (first entry), then its ``model_type``; a
 GGUF file by ``general.architecture``. Anything else is refused at start with one line naming what is
-supported. Adding a family is one module in this package plus one line in ``FAMILIES``.
+supported (and by ``sluice validate``, which reads the checkpoint's config through ``checkpoint.py`` too).
+Adding a family is one module in this package plus one line in ``FAMILIES`` (and, for a block of a new
+shape, its layer in ``layers/decoder.py``). Imports no torch.
 """
 
 from __future__ import annotations

@@ -17,13 +17,15 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import llguidance
-import torch
 
 from sluice.engines.llm.structured.backend import BitmaskRow, GrammarError, TokenTable
 from sluice.engines.llm.structured.spec import StructuredOutput
+
+if TYPE_CHECKING:
+    import torch  # imported where masks are filled: checking a pipeline's constraint needs no torch
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +82,8 @@ class LLGuidanceBackend:
         return LLGuidanceMatcher(compiled.deep_copy())
 
     def fill_bitmask(self, rows: Sequence[BitmaskRow], bitmask: torch.Tensor) -> None:
+        import torch
+
         if bitmask.dtype != torch.int32 or bitmask.device.type != "cpu" or not bitmask.is_contiguous():
             raise ValueError("the bitmask must be a contiguous int32 CPU tensor")
         if bitmask.shape[1] != self.bitmask_words:

@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from sluice.engines.llm import LLM, SamplingParams
+from sluice.engines.llm.checkpoint import model_config_from_hf
 from sluice.engines.llm.random_models import save_random_model
-from sluice.engines.llm.weights import model_config_from_hf
 
 _SMALL = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, vocab_size=400,
               max_position_embeddings=8192, bos_token_id=2, eos_token_id=[1, 3], rms_norm_eps=1e-5)  # fmt: skip
@@ -129,3 +129,12 @@ def test_a_hf_directory_stops_on_its_generation_config_eos_too(tmp_path: Path) -
     path = save_random_model(tmp_path, "tiny-gemma2", vocab_size=300, eos_token_id=1)
     (path / "generation_config.json").write_text(json.dumps({"eos_token_id": [1, 107]}))
     assert load_weights(path)[0].eos_token_ids == (1, 107)
+
+
+def test_every_family_names_a_decoder_layer_the_model_builds() -> None:
+    """Families are torch-free data (``sluice validate`` reads them); their blocks are in layers/decoder.py."""
+    from sluice.engines.llm.layers.decoder import DECODER_LAYERS
+    from sluice.engines.llm.models.registry import FAMILIES
+
+    assert {f.name: f.decoder_layer in DECODER_LAYERS for f in FAMILIES} == {f.name: True for f in FAMILIES}
+    assert {f.decoder_layer for f in FAMILIES} == set(DECODER_LAYERS)  # and no block is left unused
