@@ -16,13 +16,14 @@ import signal
 import sys
 import threading
 import traceback
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
 
-from sluice import __version__
-from sluice.config import ConfigError, LoadedPipeline, load_pipeline
+from sluice import __version__, logs
+from sluice.cli_args import EXIT_FAILED, EXIT_OK, EXIT_USAGE, load, positive, set_option
+from sluice.config import LoadedPipeline
 from sluice.engines.base import first_line
 
 if TYPE_CHECKING:
@@ -30,14 +31,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("sluice")
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
-
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=getattr(logging, args.log_level.upper()),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    logs.configure(args.log_level, args.log_format, sys.stderr)
     if not hasattr(args, "handler"):
         parser.print_help()
         return EXIT_USAGE
@@ -96,16 +94,18 @@ def _fail(args: argparse.Namespace, line: str, err: BaseException | None) -> Non
 
 
 def _common_options(parser: argparse.ArgumentParser, top: bool) -> None:
-    """``--log-level`` and ``--debug``, accepted before the command and after it (a subcommand's copy has no
-    default, so it never overwrites what was given before the command)."""
+    """``--log-level``, ``--log-format`` and ``--debug``, accepted before the command and after it (a
+    subcommand's copy has no default, so it never overwrites what was given before the command)."""
     parser.add_argument("--log-level", choices=["debug", "info", "warning", "error"],
                         default="info" if top else argparse.SUPPRESS, help="what the log shows (default: info)")
+    parser.add_argument("--log-format", choices=logs.FORMATS, default="text" if top else argparse.SUPPRESS,
+                        help="json: one JSON object per line, for a log collector (default: text)")
     parser.add_argument("--debug", action="store_true", default=False if top else argparse.SUPPRESS,
                         help="on an error, print its traceback above the one line")
 
 
 def common_parent() -> argparse.ArgumentParser:
-    """A parent parser giving a subcommand ``--log-level`` and ``--debug`` (``parents=[common_parent()]``)."""
+    """A parent parser giving a subcommand :func:`_common_options` (``parents=[common_parent()]``)."""
     parent = argparse.ArgumentParser(add_help=False)
     _common_options(parent, top=False)
     return parent
@@ -125,9 +125,9 @@ def _parser() -> argparse.ArgumentParser:
                                      "committing only what was delivered (exit 130/143). SIGHUP (or 'sluice reload') loads the "
                                      "model again beside the serving one and switches to it between two batches.")
     run.add_argument("pipeline", type=Path, help="pipeline YAML file")
-    _set_option(run)
-    run.add_argument("--max-records", type=_positive(int), metavar="N", help="stop after consuming N records")
-    run.add_argument("--idle-exit", type=_positive(float), metavar="SECONDS",
+    set_option(run)
+    run.add_argument("--max-records", type=positive(int), metavar="N", help="stop after consuming N records")
+    run.add_argument("--idle-exit", type=positive(float), metavar="SECONDS",
                      help="stop once no record has arrived for SECONDS while partitions are assigned, "
                           "and nothing is in flight")
     run.add_argument("--until-end", action="store_true",
@@ -136,15 +136,9 @@ def _parser() -> argparse.ArgumentParser:
                           "left for the next run. A file source always ends this way")
     run.set_defaults(handler=_run)
 
-    validate = sub.add_parser("validate", help="check pipeline files without running them", parents=common,
-                              description="Check pipeline files: YAML syntax, keys, types, environment "
-                                          "variables, the settings the engine would refuse. Exit 0 when every "
-                                          "file is valid, 1 otherwise.")
-    validate.add_argument("pipelines", type=Path, nargs="+", metavar="pipeline",
-                          help="pipeline YAML files, or quoted glob patterns ('pipelines/*.yaml')")
-    _set_option(validate)
-    validate.set_defaults(handler=_validate)
+    from sluice.validate_command import add_parser as add_validate
 
+    add_validate(sub, common)
     from sluice.operator.reload.command import add_parser as add_reload
 
     add_reload(sub, common)
@@ -157,97 +151,8 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _set_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--set", dest="overrides", action="append", type=_override, default=[],
-                        metavar="PATH=VALUE", help="set a pipeline setting over the file's, by its dotted path "
-                        "(--set telemetry.metrics.enabled=true); repeatable, the last one wins")
-
-
-def _override(text: str) -> tuple[str, object]:
-    from sluice.config.overrides import OverrideError, parse_override
-
-    try:
-        return parse_override(text)
-    except OverrideError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
-
-
-def _positive(kind: type[int] | type[float]) -> Callable[[str], int | float]:
-    def parse(text: str) -> int | float:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {'a whole number' if kind is int else 'a number'}, "
-                                             f"got {text!r}") from None
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"must be greater than 0, got {text}")
-        return value
-
-    return parse
-
-
-def _load(path: Path, overrides: Sequence[tuple[str, object]] = ()) -> LoadedPipeline | None:
-    try:
-        return load_pipeline(path, overrides=overrides)
-    except ConfigError as err:
-        print(str(err), file=sys.stderr)
-        return None
-
-
-def _validate(args: argparse.Namespace) -> int:
-    paths = _expand(args.pipelines)
-    if not paths:
-        print(f"sluice: error: no pipeline file matches {' '.join(map(str, args.pipelines))}", file=sys.stderr)
-        return EXIT_FAILED
-    failed = 0
-    for path in paths:
-        loaded = _load(path, args.overrides)
-        if loaded is None:
-            failed += 1
-            continue
-        p = loaded.pipeline
-        for warning in (*loaded.warnings, *_model_warnings(loaded)):
-            print(f"{path}: warning: {warning}", file=sys.stderr)
-        print(f"{path}: ok ({p.source.describe()} -> {p.engine.type} -> {p.sink.destination})")
-    if len(paths) > 1:
-        print(f"{len(paths) - failed} of {len(paths)} pipeline files valid", file=sys.stderr if failed else sys.stdout)
-    return EXIT_FAILED if failed else EXIT_OK
-
-
-def _expand(patterns: Sequence[Path]) -> list[Path]:
-    """Files as given; a pattern with ``*``, ``?`` or ``[`` (quoted, so the shell left it) expanded, sorted."""
-    import glob
-
-    paths: list[Path] = []
-    for pattern in patterns:
-        text = str(pattern)
-        if any(c in text for c in "*?["):
-            paths += [Path(p) for p in sorted(glob.glob(text, recursive=True))]
-        else:
-            paths.append(pattern)
-    return paths
-
-
-def _model_warnings(loaded: LoadedPipeline) -> list[str]:
-    """``engine.model`` as ``sluice run`` would resolve it here (against the pipeline file's directory): a
-    warning when it would not start, since the file may be validated on another machine than the one that runs
-    it (a CI job linting pipelines), where the model is not fetched or the path differs."""
-    model = getattr(loaded.engine_options, "model", None)
-    if not isinstance(model, str):
-        return []
-    try:
-        from sluice.models import ModelError, resolve_model
-    except ImportError:  # models support not installed
-        return []
-    try:
-        resolve_model(model, base_dir=loaded.base_dir)
-    except ModelError as err:
-        return [f"engine.model: {err}; 'sluice run' on this machine would stop at start"]
-    return []
-
-
 def _run(args: argparse.Namespace) -> int:
-    loaded = _load(args.pipeline, args.overrides)
+    loaded = load(args.pipeline, args.overrides)
     if loaded is None:
         return EXIT_FAILED
     p = loaded.pipeline
@@ -288,9 +193,10 @@ def _run(args: argparse.Namespace) -> int:
             runner.engine.close()  # the engine serving at the end (after a reload, not the one built first)
         if announced is not None:
             announced.release()
-    log.info("stopped: %d in, %d out, %d dead-lettered, %d batches (mean size %.1f) in %.1f s",
-             summary.num_in, summary.num_out, summary.num_dead_lettered, summary.num_batches,
-             summary.mean_batch_size, summary.elapsed_s)
+    if not runner.observer.summarised:  # the status line's summary is the run's one (telemetry.status: off)
+        from sluice.telemetry.status import format_summary, totals_of_summary
+
+        log.info("done: %s", format_summary(totals_of_summary(summary)))
     if summary.error:
         print(f"sluice: stopped on error: {summary.error}", file=sys.stderr)
         return EXIT_FAILED

@@ -2,9 +2,11 @@
 
 The broken directories (tests/support/broken_models.py) go through ``sluice run`` with each model engine,
 ``sluice validate`` and ``sluice models export``, as a user types them (a process, ``--log-level error`` so
-that only the error line is left): one line, no traceback. A directory with its own code is refused under a
-terminal without a prompt, its code not run; with ``trust_remote_code: true`` it runs. A signal during a
-model load stops it at once with one line and the conventional exit code.
+that only the error line is left): one line, no traceback. ``sluice validate`` refuses what the model's
+files say before any weights (``<file>: engine.model: ...``), never a model that ``sluice run`` would
+start. A directory with its own code is refused under a terminal without a prompt, its code not run; with
+``trust_remote_code: true`` it runs. A signal during a model load stops it at once with one line and the
+conventional exit code.
 """
 
 from __future__ import annotations
@@ -73,16 +75,28 @@ def test_every_command_fails_in_one_line_on_every_broken_model_directory(broken:
     with ThreadPoolExecutor(2) as pool:
         results = list(pool.map(lambda job: (job, _sluice(*job[1], env=env)), commands))
     problems = []
+    runs = {args[1]: proc for (_, args), proc in results if args[0] == "run"}
+    refused_by_validate = set()
     for (name, args), proc in results:
         lines = _lines(proc)
+        if args[0] == "validate":  # ok, or one line refusing the model, when its run fails too
+            errors = [line for line in lines if ": warning: " not in line]
+            refused = proc.returncode == 1 and len(errors) == 1 and errors[0].startswith(f"{args[1]}: engine.model: ")
+            if refused:
+                refused_by_validate.add((name, Path(args[1]).name.partition("-")[0]))
+            if "Traceback" in proc.stderr or not (proc.returncode == 0 or (refused and runs[args[1]].returncode)):
+                problems.append(f"{name}: sluice validate -> rc {proc.returncode}:\n  " + "\n  ".join(lines[-5:]))
+            continue
         exported_without_tokenizer = name == "no-tokenizer" and args[0] == "models"  # a graph needs no tokenizer
-        expected_ok = args[0] == "validate" or exported_without_tokenizer
+        expected_ok = exported_without_tokenizer
         if "Traceback" in proc.stderr or (proc.returncode == 0) != expected_ok or \
                 (not expected_ok and (len(lines) != 1 or not lines[0].startswith(("sluice: error: ",
                                                                                  "sluice: cannot start: ")))):
             problems.append(f"{name}: sluice {' '.join(args[:2])} -> rc {proc.returncode}:\n  " + "\n  ".join(lines[-5:]))
     assert not problems, "\n".join(problems)
     assert not (tmp_path / "marker").exists(), "a model directory's own code ran"
+    # validate reads what is cheap: an encoder is no LLM, nor a classifier without its head
+    assert {("wrong-head", "llm"), ("wrong-head", "onnx"), ("wrong-head", "torch")} <= refused_by_validate
     # the refusal says what to do
     custom = next(proc for (name, args), proc in results if name == "custom-code" and args[0] == "run"
                   and "torch-" in args[1])

@@ -134,8 +134,9 @@ def cli_md() -> str:
     parser = cli._parser()
     out = [GENERATED_NOTE.format(source="the argument parsers (sluice/cli.py and the commands it adds)"),
            "# Command-line reference", "",
-           "Every command accepts `--log-level` and `--debug` (on an error, the traceback above its one line), "
-           "before or after the command name. `sluice COMMAND --help` prints the same.", ""]
+           "Every command accepts `--log-level`, `--log-format` (`json`: one JSON object per log line) and "
+           "`--debug` (on an error, the traceback above its one line), before or after the command name. "
+           "`sluice COMMAND --help` prints the same.", ""]
     for path, command in _commands(parser, "sluice"):
         depth = path.count(" ")  # sluice: the page's own usage; sluice run: a section; sluice models fetch: below
         if depth:

@@ -33,7 +33,7 @@ class OnnxOptions(EngineTaskOptions):
     providers: list[Annotated[str, AfterValidator(onnx_providers.full_name)]] = Field(
         default_factory=lambda: list(onnx_providers.DEFAULT_PROVIDERS), min_length=1)
     """Execution providers, tried in order (`tensorrt`, `cuda`, `cpu` or full onnxruntime names); unavailable
-    ones are skipped with a warning."""
+    ones are skipped, and one info line names the provider used (a warning only when no listed one can be)."""
     intra_op_num_threads: int | None = Field(default=None, ge=0)  # None/0: onnxruntime's default
     """Threads within one operator (`0`: onnxruntime's default)."""
     inter_op_num_threads: int | None = Field(default=None, ge=0)

@@ -2,7 +2,10 @@
 
 Providers are tried in the order the pipeline gives. A name onnxruntime does not know is a start-up error;
 one it knows but this build lacks (CUDA on a CPU-only wheel), or one that fails to initialise (no GPU), is
-skipped with a warning saying why. onnxruntime is passed in, never imported here.
+skipped. Falling back along the list is what the list is for (``[tensorrt, cuda, cpu]`` runs anywhere): one
+INFO line names the provider used and why those before it were skipped. A WARNING only when no listed
+provider could be used and onnxruntime fell back to one the pipeline did not list; none in this build at
+all is a start-up error. onnxruntime is passed in, never imported here.
 """
 
 from __future__ import annotations
@@ -45,22 +48,40 @@ def available_providers(ort: Any, requested: list[str]) -> list[str]:
                                    f"{', '.join(sorted(known))}")
         if name in built_in:
             chosen.append(name)
-        else:
-            log.warning("onnx engine: %s is not in this onnxruntime build (it has %s); skipped%s", name,
-                        ", ".join(sorted(built_in)),
-                        " -- install onnxruntime-gpu for GPU providers" if name in GPU_PROVIDERS else "")
     if not chosen:
         raise EngineStartError(f"none of the providers {requested} is available in this onnxruntime build "
                                f"(it has {', '.join(sorted(built_in))})")
     return chosen
 
 
-def warn_uninitialised(chosen: list[str], used: list[str]) -> None:
-    """Warn about providers the session silently dropped (onnxruntime falls back instead of failing)."""
-    for name in chosen:
-        if name not in used:
-            log.warning("onnx engine: %s is in this onnxruntime build but failed to initialise "
-                        "(no usable GPU, or CUDA/cuDNN/TensorRT libraries missing); skipped", name)
+def report_providers(requested: list[str], built_in: list[str], used: list[str]) -> None:
+    """Log which provider the session runs on when it is not the first one listed (see the module doc)."""
+    said = fallback_line(requested, built_in, used)
+    if said is not None:
+        log.log(*said)
+
+
+def fallback_line(requested: list[str], built_in: list[str], used: list[str]) -> tuple[int, str] | None:
+    """(level, line) about the provider the session runs on (``used[0]``, onnxruntime's choice) and the
+    listed ones it skipped; None when it runs on the first one listed."""
+    running = used[0] if used else "no provider"
+    skipped = requested[:requested.index(running)] if running in requested else list(requested)
+    if not skipped:
+        return None
+    missing = [name for name in skipped if name not in built_in]
+    failed = [name for name in skipped if name in built_in]
+    reasons = []
+    if missing:
+        hint = " (onnxruntime-gpu has the GPU providers)" if set(missing) & set(GPU_PROVIDERS) else ""
+        reasons.append(f"{', '.join(missing)}: not in this onnxruntime build{hint}")
+    if failed:
+        reasons.append(f"{', '.join(failed)}: failed to initialise (no usable GPU, or CUDA/cuDNN/TensorRT "
+                       "libraries missing)")
+    why = "; ".join(reasons)
+    if running in requested:
+        return logging.INFO, f"onnx engine: runs on {running}, the first listed one usable here; skipped {why}"
+    return logging.WARNING, (f"onnx engine: none of the listed providers could be used, onnxruntime fell back to "
+                             f"{running}; skipped {why}")
 
 
 def with_options(providers: list[str], model_file: Path, *, max_batch_size: int, max_length: int,

@@ -22,6 +22,7 @@ from sluice.operator.topics import TopicProblem, check_topics
 from sluice.schemas.codec import RecordCodec
 
 if TYPE_CHECKING:
+    from sluice.config import KafkaSource as KafkaSourceConfig
     from sluice.connectors.files import FilePlan
 
 log = logging.getLogger(__name__)
@@ -168,9 +169,8 @@ def _kafka_clients(p: Pipeline, until_end: bool) -> tuple[Source | None, Sink | 
     try:
         if txn_id is not None:
             log.info("exactly-once with transactional id %s", txn_id)
-        if member_id is not None:
-            log.info("static group membership as %s: restarted under this id, a process gets its partitions "
-                     "back at once", member_id)
+        if member_id is not None and src is not None:
+            log.info("%s", _membership_line(src, str(member_id)))
         source: Source | None = None
         if src is not None:
             source_type = BoundedKafkaSource if until_end else KafkaSource
@@ -186,6 +186,16 @@ def _kafka_clients(p: Pipeline, until_end: bool) -> tuple[Source | None, Sink | 
             slot.release()
         raise
     return source, sink, slot
+
+
+def _membership_line(src: KafkaSourceConfig, member_id: str) -> str:
+    """The start's line on static membership: "restarted under this id" only when the group still holds a
+    member of that id (sluice/connectors/kafka/membership.py), never on a first start."""
+    from sluice.connectors.kafka import security_config
+    from sluice.connectors.kafka.membership import membership_line, static_member_present
+
+    conf = {"bootstrap.servers": src.bootstrap_servers, **security_config(src.security), **src.config}
+    return membership_line(member_id, static_member_present(conf, src.group_id, member_id))
 
 
 def build_reloader(loaded: LoadedPipeline, engine: BatchEngine | ContinuousEngine, started: Started,

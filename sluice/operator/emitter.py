@@ -210,11 +210,13 @@ class Emitter:
 
     def delivered(self, delivery: _Delivery) -> None:
         """Intake thread, from a delivery report: every output of ``delivery`` is on the broker."""
+        now = self.clock()
         self.summary.num_out += len(delivery.records) - delivery.num_dead_lettered
         self.summary.num_dead_lettered += delivery.num_dead_lettered
+        self.summary.last_out_s = now
         with self.state.cond:
             self.state.ledger.ack_many(delivery.records)
-        self.observer.delivered(delivery.records, delivery.num_dead_lettered, self.clock())
+        self.observer.delivered(delivery.records, delivery.num_dead_lettered, now)
 
     def delivery_failed(self, err: Any, msg: Any) -> None:
         if err.code() in _PURGED:

@@ -44,6 +44,8 @@ class Intake:
         with s.cond:
             s.ledger.track_many(records)
             s.summary.num_in += len(records)
+            if s.summary.first_in_s is None and records:
+                s.summary.first_in_s = now
         rejected: list[Failure] = []
         records = self._observe_polled(records, now, rejected)
         decoded, decode_rejected = self.decoder.decode(records, now)

@@ -22,6 +22,7 @@ class Observer:
     """Base observer: every hook does nothing. Subclasses override what they need."""
 
     injects_headers = False  # True: the runner calls ``output_headers`` once per produced record
+    summarised = False  # True once ``stopped`` wrote the run's summary line (``sluice run`` then writes none)
 
     def engine_started(self, engine: Any, warmup_s: float) -> None:
         """Intake thread, once, before the runner is built: ``engine.start()`` (load, warm-up) took ``warmup_s``."""

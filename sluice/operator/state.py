@@ -83,10 +83,20 @@ class RunSummary:
     num_batched_records: int = 0
     elapsed_s: float = 0.0
     error: str | None = None  # why the operator stopped on its own, if it did
+    first_in_s: float | None = None  # the runner's clock when the first record was polled
+    last_out_s: float | None = None  # ... when the latest delivery (outputs or dead letters) was acknowledged
 
     @property
     def mean_batch_size(self) -> float:
         return self.num_batched_records / self.num_batches if self.num_batches else 0.0
+
+    @property
+    def work_s(self) -> float | None:
+        """The time spent working: first record polled to last delivery acknowledged (not the wait for the
+        first record, nor an ``--idle-exit`` wait after the last); None before a delivery."""
+        if self.first_in_s is None or self.last_out_s is None:
+            return None
+        return self.last_out_s - self.first_in_s
 
 
 class SharedState:

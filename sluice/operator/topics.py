@@ -29,6 +29,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 
 from sluice.config import Pipeline
+from sluice.connectors.kafka.connectivity import librdkafka_logger
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +93,7 @@ def _check_cluster(client_type: Callable[[dict[str, Any]], Any], conf: dict[str,
     bootstrap = conf["bootstrap.servers"]
     refused: list[KafkaError] = []
     client = client_type({**conf, "allow.auto.create.topics": False,  # asking must never create a topic
-                          "error_cb": refused.append, "logger": logging.getLogger("sluice.librdkafka.topics")})
+                          "error_cb": refused.append, "logger": librdkafka_logger("topics")})
     try:
         problems = []
         for use in uses:
@@ -110,6 +111,7 @@ def _check_cluster(client_type: Callable[[dict[str, Any]], Any], conf: dict[str,
         if problems:
             raise TopicProblem(_describe(problems, bootstrap))
     finally:
+        client.poll(0)  # hands librdkafka's queued lines to the logger (they wait for a poll)
         if isinstance(client, Consumer):
             client.close()
 

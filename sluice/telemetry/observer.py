@@ -143,6 +143,7 @@ class TelemetryObserver(Observer):
         if self.status is not None:
             if self._started_s is not None:  # a run that began: say what it did
                 self.status.finish(time.monotonic() - self._started_s, self._token_totals())
+                self.summarised = True
             self.status.close()
         self.close()
 
@@ -163,7 +164,7 @@ class TelemetryObserver(Observer):
         if self.tracer is not None:  # first: if a record's headers make it raise, the runner calls again
             self.tracer.polled(records, now_s)  # record by record, and nothing is counted twice
         if self.counting:
-            self.stats.record_polled(len(records))
+            self.stats.record_polled(len(records), now_s)
 
     def rejected(self, failures: Sequence[tuple[InputRecord, str, BaseException | None]]) -> None:
         stages = [stage for _, stage, _ in failures]
@@ -204,7 +205,7 @@ class TelemetryObserver(Observer):
     def delivered(self, records: Sequence[InputRecord], num_dead_lettered: int, now_s: float) -> None:
         if self.counting:
             received = np.fromiter((r.received_s for r in records), dtype=np.float64, count=len(records))
-            self.stats.record_delivered(len(records) - num_dead_lettered, now_s - received)
+            self.stats.record_delivered(len(records) - num_dead_lettered, now_s - received, now_s)
 
     # ------------------------------------------------------------------------------------------- LLM
 

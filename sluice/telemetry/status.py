@@ -2,13 +2,15 @@
 
 Driven by the observer's tick (about once a second, on the intake thread). Each report covers the window since the
 previous one: records/s (outputs and dead-letter records acknowledged), mean batch size, p99 queue delay
-(from the queue-delay histogram's buckets, so an estimate within one bucket), consumer lag, records in
-flight, and dead-lettered records since start.
+(of the window's own delays, sluice/telemetry/recent.py -- not a bucket bound of the run's histogram),
+consumer lag, records in flight, and dead-lettered records since start.
 
 A bounded run (files, ``--until-end``) also shows its progress: records done of the total (done + in flight
 + not yet read: the source's lag), and an ETA at the run's average rate so far -- on a terminal as a bar in
-front of the line, in the log lines as a percentage. At the end, :meth:`StatusReporter.finish` writes one
-summary: records, dead letters, wall time, and for an LLM engine its tokens.
+front of the line, in the log lines as a percentage. At the end, :meth:`StatusReporter.finish` writes the
+run's one summary line (:func:`format_summary`; ``sluice run`` writes no other): records done, the rate over
+the time spent working -- first record polled to last output acknowledged, so an ``--idle-exit`` wait or a
+wait for the first record does not dilute it -- the wall time beside it, and for an LLM engine its tokens.
 """
 
 from __future__ import annotations
@@ -17,9 +19,14 @@ import logging
 import math
 import sys
 from dataclasses import dataclass
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
+
+import numpy as np
 
 from sluice.telemetry.stats import OperatorStats, StatsSnapshot
+
+if TYPE_CHECKING:
+    from sluice.operator.state import RunSummary
 
 log = logging.getLogger("sluice.status")
 
@@ -60,8 +67,9 @@ def progress(done: int, left: int, rate_per_s: float) -> Progress:
 
 
 def window(earlier: StatsSnapshot, now: StatsSnapshot, elapsed_s: float,
-           progress: Progress | None = None) -> StatusWindow:
-    """The status between two snapshots taken ``elapsed_s`` apart."""
+           progress: Progress | None = None, queue_delays_s: np.ndarray | None = None) -> StatusWindow:
+    """The status between two snapshots taken ``elapsed_s`` apart. ``queue_delays_s``: the window's own
+    delays (or a uniform sample of them), whose p99 is exact; without them, the histogram's estimate."""
     done = (now.num_out + now.total_dead_lettered) - (earlier.num_out + earlier.total_dead_lettered)
     num_batches = now.num_batches - earlier.num_batches
     sizes = now.batch_size.minus(earlier.batch_size)
@@ -69,13 +77,18 @@ def window(earlier: StatsSnapshot, now: StatsSnapshot, elapsed_s: float,
     return StatusWindow(
         records_per_s=done / elapsed_s if elapsed_s > 0 else 0.0,
         mean_batch_size=sizes.total / num_batches if num_batches else math.nan,
-        p99_queue_delay_s=delays.quantile(0.99),
+        p99_queue_delay_s=delays.quantile(0.99) if queue_delays_s is None else percentile(queue_delays_s, 0.99),
         lag=sum(now.lag.values()) if now.lag else None,
         num_in_flight=now.num_in_flight,
         num_dead_lettered=now.total_dead_lettered,
         num_stalled=now.num_stalled,
         progress=progress,
     )
+
+
+def percentile(values: np.ndarray, q: float) -> float:
+    """Quantile ``q`` (0..1) of ``values``, interpolated between the two nearest; NaN when there are none."""
+    return float(np.quantile(values, q)) if values.size else math.nan
 
 
 def format_status(w: StatusWindow) -> str:
@@ -110,18 +123,57 @@ def format_duration(seconds: float) -> str:
     return f"{s // 3600}h{s % 3600 // 60:02d}m"
 
 
-def format_summary(snap: StatsSnapshot, elapsed_s: float, tokens: tuple[int, int] | None) -> str:
-    """The run in one line: ``10,000 records in 12.3 s (813 rec/s): 9,998 outputs, 2 dead-lettered``, and for
-    an LLM engine ``| tokens: 41,000 prompt, 9,600 output (780 output tok/s)``."""
-    done = snap.num_out + snap.total_dead_lettered
-    rate = done / elapsed_s if elapsed_s > 0 else 0.0
-    line = (f"{done:,} records in {elapsed_s:.1f} s ({rate:,.0f} rec/s): {snap.num_out:,} outputs, "
-            f"{snap.total_dead_lettered:,} dead-lettered")
-    if tokens is not None:
-        prompt, output = tokens
-        line += (f" | tokens: {prompt:,} prompt, {output:,} output "
-                 f"({output / elapsed_s if elapsed_s > 0 else 0.0:,.0f} output tok/s)")
+@dataclass(frozen=True)
+class RunTotals:
+    """What a whole run did, for its summary line."""
+
+    num_in: int  # records polled
+    num_out: int  # outputs acknowledged
+    num_dead_lettered: int
+    num_batches: int
+    num_batched: int  # records in those batches
+    wall_s: float  # the run, start to stop
+    work_s: float | None  # first record polled to last output acknowledged; None before any was
+    tokens: tuple[int, int] | None = None  # an LLM engine's (prompt, output) tokens
+
+    @property
+    def num_done(self) -> int:
+        return self.num_out + self.num_dead_lettered
+
+
+def totals_of_snapshot(snap: StatsSnapshot, wall_s: float, tokens: tuple[int, int] | None = None) -> RunTotals:
+    """The observer's counts (what the status line's summary says)."""
+    work_s = (snap.last_out_s - snap.first_in_s
+              if snap.first_in_s is not None and snap.last_out_s is not None else None)
+    return RunTotals(snap.num_in, snap.num_out, snap.total_dead_lettered, snap.num_batches,
+                     int(snap.batch_size.total), wall_s, work_s, tokens)
+
+
+def totals_of_summary(summary: RunSummary) -> RunTotals:
+    """The runner's own counts (what ``sluice run`` says when the status line is off)."""
+    return RunTotals(summary.num_in, summary.num_out, summary.num_dead_lettered, summary.num_batches,
+                     summary.num_batched_records, summary.elapsed_s, summary.work_s)
+
+
+def format_summary(t: RunTotals) -> str:
+    """The run in one line: ``10,000 records in 12.3 s of work (813 rec/s): 9,998 outputs, 2 dead-lettered |
+    10,000 in, 320 batches (mean size 31.2) | 20.1 s wall``, and for an LLM engine ``| tokens: 41,000
+    prompt, 9,600 output (780 output tok/s)``. The rates are over the working time, never the wall time."""
+    work_s = t.work_s if t.work_s is not None and t.work_s > 0 else None
+    rate = f" in {_seconds(work_s)} of work ({t.num_done / work_s:,.0f} rec/s)" if work_s is not None else ""
+    mean = f" (mean size {t.num_batched / t.num_batches:.1f})" if t.num_batches else ""
+    line = (f"{t.num_done:,} records{rate}: {t.num_out:,} outputs, {t.num_dead_lettered:,} dead-lettered | "
+            f"{t.num_in:,} in, {t.num_batches:,} batches{mean} | {_seconds(t.wall_s)} wall")
+    if t.tokens is not None:
+        prompt, output = t.tokens
+        speed = f" ({output / work_s:,.0f} output tok/s)" if work_s is not None else ""
+        line += f" | tokens: {prompt:,} prompt, {output:,} output{speed}"
     return line
+
+
+def _seconds(s: float) -> str:
+    """``12.3 s``; under a second ``45 ms``."""
+    return f"{s:.1f} s" if s >= 1 else f"{s * 1000:.0f} ms"
 
 
 class StatusReporter:
@@ -155,13 +207,14 @@ class StatusReporter:
             snap = self.stats.snapshot()
             self._last = (now_s, snap)
             self._first = (now_s, snap.num_out + snap.total_dead_lettered)
+            self.stats.recent_queue_delay_s.take()  # the first window begins now
             return
         then_s, earlier = self._last
         if now_s - then_s < self.interval_s:
             return
         snap = self.stats.snapshot()
         done = self._progress(now_s, snap) if self.bounded else None
-        line = format_status(window(earlier, snap, now_s - then_s, done))
+        line = format_status(window(earlier, snap, now_s - then_s, done, self.stats.recent_queue_delay_s.take()))
         self._last = (now_s, snap)
         if self.is_tty:
             if done is not None:
@@ -180,8 +233,8 @@ class StatusReporter:
         return progress(done, left, rate)
 
     def finish(self, elapsed_s: float, tokens: tuple[int, int] | None = None) -> None:
-        """The summary line, once the run is over; then :meth:`close`."""
-        line = format_summary(self.stats.snapshot(), elapsed_s, tokens)
+        """The summary line, once the run is over (``elapsed_s``: its wall time); then :meth:`close`."""
+        line = format_summary(totals_of_snapshot(self.stats.snapshot(), elapsed_s, tokens))
         if self.is_tty:
             self.stream.write("\r" + f"done: {line}".ljust(self._width) + "\n")
             self.stream.flush()

@@ -210,13 +210,16 @@ def _cuda_available() -> bool:
 
 
 @pytest.mark.skipif(_cuda_available(), reason="this onnxruntime build has CUDA; nothing is skipped")
-def test_an_unavailable_gpu_provider_is_skipped_with_a_warning(minilm_dir: Path,
-                                                             caplog: pytest.LogCaptureFixture) -> None:
-    engine = _engine(minilm_dir, providers=["cuda", "cpu"], warmup=False)
-    with caplog.at_level(logging.WARNING, logger="sluice.engines.onnx"):
+def test_unavailable_gpu_providers_are_skipped_in_one_info_line_without_a_warning(
+        minilm_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+    engine = _engine(minilm_dir, providers=["tensorrt", "cuda", "cpu"], warmup=False)  # as the examples list
+    with caplog.at_level(logging.DEBUG, logger="sluice.engines.onnx"):
         engine.start()
     assert engine.providers_used == ["CPUExecutionProvider"]
-    assert "CUDAExecutionProvider is not in this onnxruntime build" in caplog.text
+    said = [r for r in caplog.records if r.name == "sluice.engines.onnx"]
+    assert [r.levelno for r in said] == [logging.INFO], caplog.text  # one line, no warning
+    assert said[0].getMessage().startswith("onnx engine: runs on CPUExecutionProvider, the first listed one")
+    assert "TensorrtExecutionProvider, CUDAExecutionProvider: not in this onnxruntime build" in caplog.text
     only_gpu = _engine(minilm_dir, providers=["cuda"], warmup=False)
     assert "none of the providers" in _one_line_start_error(only_gpu)
 

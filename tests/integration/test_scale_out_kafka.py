@@ -58,9 +58,9 @@ def _wait_for_assignment(bootstrap: str, group: str, members: set[str], timeout_
 
 def _records_in(log: Path) -> int:
     """How many records a stopped ``sluice run`` consumed, from its final log line."""
-    match = re.search(r"stopped: (\d+) in,", log.read_text())
-    assert match, f"no 'stopped:' line in {log.name}:\n{log.read_text()[-2000:]}"
-    return int(match.group(1))
+    match = re.search(r"done: .* \| ([\d,]+) in, ", log.read_text())
+    assert match, f"no 'done:' line in {log.name}:\n{log.read_text()[-2000:]}"
+    return int(match.group(1).replace(",", ""))
 
 
 def _produce_round(bootstrap: str, topic: str, first_seq: int) -> list[int]:

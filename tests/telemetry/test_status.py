@@ -82,7 +82,9 @@ def test_a_bounded_run_shows_a_bar_on_a_terminal_a_percentage_in_the_log_and_a_s
     with caplog.at_level(logging.INFO, logger="sluice.status"):
         for second in range(21):
             done = 100 * second  # 100 records/s of 2,000: 50 in flight, the rest not read yet
-            stats.record_delivered(100 if second else 0, np.zeros(100 if second else 0))
+            if second < 20:
+                stats.record_polled(100, float(second))
+            stats.record_delivered(100 if second else 0, np.zeros(100 if second else 0), float(second))
             stats.record_tick(50 if second < 20 else 0, {tp: max(0, 1950 - done)})
             reporter.tick(float(second))
         reporter.finish(20.0, tokens=(4000, 1000))
@@ -90,6 +92,75 @@ def test_a_bounded_run_shows_a_bar_on_a_terminal_a_percentage_in_the_log_and_a_s
     assert "50% 1,000/2,000 | ETA 10s" in shown  # at 10 s: 1,000 done, 50 in flight + 950 to read
     if tty:
         assert "[############------------] 50%" in shown
-    summary = "done: 2,000 records in 20.0 s (100 rec/s): 2,000 outputs, 0 dead-lettered | tokens: 4,000 prompt, " \
-              "1,000 output (50 output tok/s)"
+    summary = ("done: 2,000 records in 20.0 s of work (100 rec/s): 2,000 outputs, 0 dead-lettered | 2,000 in, "
+               "0 batches | 20.0 s wall | tokens: 4,000 prompt, 1,000 output (50 output tok/s)")
     assert summary in shown
+
+
+def test_the_p99_is_of_the_delays_since_the_last_line_not_a_bucket_bound_or_the_whole_run(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Issue: "p99 queue 29800.0 ms" 15 s into a run -- delays of about 11 s all fell in the 10..30 s
+    bucket, whose interpolation put the 99th percentile near its upper bound."""
+    stats = OperatorStats()
+    reporter = StatusReporter(stats, io.StringIO(), is_tty=False, log_interval_s=10)
+    clock = 100.0  # the runner's monotonic clock, injected through the ticks
+    with caplog.at_level(logging.INFO, logger="sluice.status"):
+        reporter.tick(clock)
+        backlog = np.linspace(10.5, 11.5, 128)  # a backlog at start: every record waited about 11 s
+        stats.record_batch(backlog[:64])
+        stats.record_batch(backlog[64:])
+        reporter.tick(clock + 10)
+        stats.record_batch(np.full(200, 0.005))  # then records flow: 5 ms
+        reporter.tick(clock + 15)  # between lines: nothing taken
+        stats.record_batch(np.full(200, 0.004))
+        reporter.tick(clock + 20)
+        reporter.tick(clock + 30)  # an idle window
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 3
+    assert f"p99 queue {np.quantile(backlog, 0.99) * 1000:.1f} ms" in lines[0], lines[0]  # 11490.0 ms, not 29800
+    assert "p99 queue 5.0 ms" in lines[1], lines[1]  # the backlog's 11 s are not in this window
+    assert "p99 queue - " in lines[2], lines[2]
+
+
+def test_the_summary_rate_is_over_the_working_time_and_says_the_wall_time_apart(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Issue: the rate at the end counted the --idle-exit wait (and the wait for the first record)."""
+    stats = OperatorStats()
+    reporter = StatusReporter(stats, io.StringIO(), is_tty=False)
+    stats.record_polled(0, 1.0)  # an empty poll does not start the work
+    stats.record_polled(400, 3.0)  # the first records come 3 s into the run
+    stats.record_batch(np.full(400, 0.01))
+    stats.record_delivered(398, np.zeros(400), 7.0)  # 2 dead-lettered (counted when rejected)
+    stats.record_rejected(["decode", "decode"])
+    with caplog.at_level(logging.INFO, logger="sluice.status"):
+        reporter.finish(elapsed_s=17.0)  # then 10 s of --idle-exit
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert line == ("done: 400 records in 4.0 s of work (100 rec/s): 398 outputs, 2 dead-lettered | 400 in, "
+                    "1 batches (mean size 400.0) | 17.0 s wall")
+
+
+def test_a_run_that_did_nothing_says_so_without_a_rate() -> None:
+    from sluice.telemetry.status import RunTotals, format_summary
+
+    line = format_summary(RunTotals(num_in=0, num_out=0, num_dead_lettered=0, num_batches=0, num_batched=0,
+                                    wall_s=3.2, work_s=None, tokens=(0, 0)))
+    assert line == "0 records: 0 outputs, 0 dead-lettered | 0 in, 0 batches | 3.2 s wall | tokens: 0 prompt, 0 output"
+    quick = format_summary(RunTotals(2000, 2000, 0, 32, 2000, wall_s=0.2, work_s=0.031))
+    assert quick.startswith("2,000 records in 31 ms of work (64,516 rec/s)") and quick.endswith("| 200 ms wall")
+
+
+def test_the_runners_own_counts_read_the_same_as_the_status_lines() -> None:
+    """``sluice run`` writes one summary line: the status line's, or with the status line off, the same
+    wording from the runner's own counts."""
+    from sluice.operator.state import RunSummary
+    from sluice.telemetry.status import format_summary, totals_of_snapshot, totals_of_summary
+
+    stats = OperatorStats()
+    stats.record_polled(100, 2.0)
+    stats.record_batch(np.zeros(60))
+    stats.record_batch(np.zeros(40))
+    stats.record_delivered(100, np.zeros(100), 4.5)
+    summary = RunSummary(num_in=100, num_out=100, num_batches=2, num_batched_records=100, elapsed_s=9.0,
+                         first_in_s=2.0, last_out_s=4.5)
+    assert summary.work_s == 2.5
+    assert format_summary(totals_of_summary(summary)) == format_summary(totals_of_snapshot(stats.snapshot(), 9.0))

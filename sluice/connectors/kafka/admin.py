@@ -1,4 +1,9 @@
-"""Admin lookups the sink needs once at start: how large a record a topic accepts."""
+"""Admin lookups the sink needs once at start: how large a record a topic accepts.
+
+The admin client logs through ``sluice.librdkafka.admin`` like every client of Sluice's (librdkafka's own
+levels, never a raw ``%6|...`` line on stderr); confluent-kafka hands a client's queued lines over only when
+it is polled, so each lookup polls its client before letting it go.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +12,8 @@ from typing import Any
 
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient, ConfigResource
+
+from sluice.connectors.kafka.connectivity import librdkafka_logger
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +37,9 @@ class TopicLimits:
             log.warning("cannot read max.message.bytes of topic %s (no broker answered); assuming %d", topic,
                         producer_limit)
             return producer_limit - RECORD_OVERHEAD_BYTES
-        admin = AdminClient({k: v for k, v in self._conf.items() if not _producer_only(k)})
+        conf: dict[str, Any] = {k: v for k, v in self._conf.items() if not _producer_only(k)}
+        conf["logger"] = librdkafka_logger("admin")
+        admin = AdminClient(conf)
         try:
             resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
             configs = admin.describe_configs([resource])[resource].result(timeout=_TIMEOUT_S)
@@ -40,6 +49,8 @@ class TopicLimits:
             log.warning("cannot read max.message.bytes of topic %s (%s); assuming %d", topic,
                         err or f"no answer within {_TIMEOUT_S} s", producer_limit)
             topic_limit = producer_limit
+        finally:
+            admin.poll(0)  # hands librdkafka's queued lines to the logger
         return min(topic_limit, producer_limit) - RECORD_OVERHEAD_BYTES
 
 

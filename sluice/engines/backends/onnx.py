@@ -136,7 +136,7 @@ class OnnxBackend(Backend):
         except Exception as err:  # onnxruntime raises its own exception types for bad files
             raise EngineStartError(f"cannot load ONNX model {model_file}: {first_line(err)}") from None
         self.providers_used = list(session.get_providers())
-        onnx_providers.warn_uninitialised(providers, self.providers_used)
+        onnx_providers.report_providers(self.options.providers, ort.get_available_providers(), self.providers_used)
         self._session = session
         self.model_file = model_file
         self._use_io_binding = self.providers_used[0] in onnx_providers.GPU_PROVIDERS
