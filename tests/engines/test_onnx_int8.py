@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from sluice.engines.backends.onnx_int8 import int8_model
+from sluice.engines.backends.onnx_int8_graph import weight_qmax
 from sluice.engines.base import EngineContext
 from sluice.engines.onnx import ENGINE_TYPE, OnnxEngine, OnnxOptions
 from tests.support.texts import varied_texts
@@ -63,7 +64,10 @@ def test_int8_vectors_stay_close_to_float32_and_the_file_is_cached(model_copy: P
     got, want = _vectors(int8, texts), _vectors(reference, texts)
     cosines = (got * want).sum(axis=1)  # both unit length
     print(f"\nMiniLM int8 vs float32 on 200 varied texts: cosine min {cosines.min():.4f}, mean {cosines.mean():.4f}")
-    assert cosines.mean() >= 0.997 and cosines.min() >= 0.99  # 0.9980 / 0.9928 seen (0.9984 / 0.9946 per-row scales only)
+    # 0.9980 / 0.9928 seen (0.9984 / 0.9946 per-row scales only); with 7-bit weights (x86 without VNNI,
+    # onnx_int8_graph.weight_qmax) 0.9974 / 0.9899
+    floor = 0.99 if weight_qmax() == 127 else 0.985
+    assert cosines.mean() >= 0.997 and cosines.min() >= floor
     # found again, not made again: same file, same bytes
     mtime = made[0].stat().st_mtime_ns
     assert int8_model(model_copy / "model.onnx") == made[0] and made[0].stat().st_mtime_ns == mtime

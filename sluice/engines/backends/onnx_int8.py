@@ -13,8 +13,9 @@ scales activations per tensor, so one outlier channel of one long text cost ever
 its resolution (min 0.967).
 
 Cache: ``<model>.int8-<key>.onnx`` beside the model, or under ``<cache>/exports/int8/`` where the model's
-folder is read-only. The key hashes :data:`INT8_VERSION`, the onnxruntime version and the bytes of the
-model file and of the tokenizer file it was calibrated with, so a changed model or runtime makes a new file;
+folder is read-only. The key hashes :data:`INT8_VERSION`, the onnxruntime version, the weights' range (it
+depends on the CPU) and the bytes of the model file and of the tokenizer file it was calibrated with, so a
+changed model, runtime or CPU kind makes a new file;
 written to a temporary file and renamed, so an interrupted run leaves nothing half-written.
 
 :func:`agreement` runs the task's own batches through both sessions and compares what the task returns
@@ -33,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from sluice.engines.backends.onnx_int8_graph import name_nodes, quantize_matmuls
+from sluice.engines.backends.onnx_int8_graph import name_nodes, quantize_matmuls, weight_qmax
 from sluice.engines.backends.onnx_int8_plan import PROBE_TEXTS, plan, row_cosines
 from sluice.models.fetch import default_cache_dir
 
@@ -49,7 +50,9 @@ def int8_model(source: Path, cache_dir: Path | None = None, tokenizer_dir: Path 
     import onnxruntime
 
     tokenizer = _tokenizer_file(tokenizer_dir or source.parent)
-    digest = hashlib.sha256(f"sluice-int8-{INT8_VERSION}-{onnxruntime.__version__}".encode())
+    # the weights' range depends on the CPU (onnx_int8_graph.weight_qmax): a model quantised for one is not
+    # reused on another
+    digest = hashlib.sha256(f"sluice-int8-{INT8_VERSION}-{onnxruntime.__version__}-{weight_qmax():g}".encode())
     for path in (source, tokenizer):
         if path is None:
             continue

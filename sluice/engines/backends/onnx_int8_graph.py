@@ -10,7 +10,10 @@ A ``MatMul(x, W)`` with ``W`` a constant float matrix ``(K, N)`` becomes::
     out = Reshape(y, shape(x)[:-1] + [N])
 
 with ``Wq = round(W / ws)`` int8 and ``ws = max |W[:, n]| / 127`` per column, so each product is
-``(s_i * q_i) . (ws_n * wq_n)``: the integer dot product scaled back. Guarantees:
+``(s_i * q_i) . (ws_n * wq_n)``: the integer dot product scaled back. On an x86 CPU without VNNI the weights
+take 7 bits (``ws = max |W[:, n]| / 63``, :func:`weight_qmax`): ONNX Runtime's uint8 x int8 kernel there sums
+pairs of products in int16, which two 8-bit weights can overflow (it saturates: wrong results, silently).
+Guarantees:
 
 - *Per-row scales*: a row's result depends only on that row -- batch mates and padding never change a
   record's vector (per-tensor activation scales, ONNX Runtime's ``quantize_dynamic``, do: one long text's
@@ -41,8 +44,12 @@ Pure: :func:`quantize_matmuls` edits the model proto in place, runs nothing.
 
 from __future__ import annotations
 
+import functools
+import platform
+import re
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -123,10 +130,26 @@ def quantize_matmuls(model: Any, names: set[str], outliers: dict[str, list[int]]
 
 
 def quantize_weight(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``(wq int8 (K, N), ws float32 (N,))`` with ``w ~= wq * ws``: symmetric, one scale per column."""
+    """``(wq int8 (K, N), ws float32 (N,))`` with ``w ~= wq * ws``: symmetric, one scale per column, within
+    :func:`weight_qmax` steps."""
+    qmax = weight_qmax()
     amax = np.abs(w).max(axis=0)
-    ws = np.where(amax > 0, amax / QMAX, 1.0).astype(np.float32)
-    return np.clip(np.rint(w / ws), -QMAX, QMAX).astype(np.int8), ws
+    ws = np.where(amax > 0, amax / qmax, 1.0).astype(np.float32)
+    return np.clip(np.rint(w / ws), -qmax, qmax).astype(np.int8), ws
+
+
+@functools.cache
+def weight_qmax() -> float:
+    """127; or 63 on an x86 CPU without VNNI (AVX512-VNNI or AVX-VNNI), where ONNX Runtime's uint8 x int8
+    kernel adds pairs of products in int16 (``vpmaddubsw``): 2 x 255 x 63 = 32130 fits, 2 x 255 x 127 does
+    not and saturates. Other CPUs (ARM's dot products) take the full range."""
+    if platform.machine().lower() not in ("x86_64", "amd64", "i386", "i686"):
+        return QMAX
+    try:
+        flags = Path("/proc/cpuinfo").read_text(errors="replace")
+    except OSError:
+        return 63.0  # unknown x86: the range that is exact everywhere
+    return QMAX if re.search(r"\b(avx512_vnni|avx_vnni)\b", flags) else 63.0
 
 
 class _Builder:
