@@ -44,18 +44,17 @@ Pure: :func:`quantize_matmuls` edits the model proto in place, runs nothing.
 
 from __future__ import annotations
 
-import functools
-import platform
-import re
 from collections import Counter
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from sluice.engines.backends.onnx_int8_weights import QMAX, quantize_weight, weight_qmax
+
+__all__ = ["QMAX", "Candidate", "candidates", "name_nodes", "quantize_matmuls", "quantize_weight", "weight_qmax"]
+
 CONTRIB = "com.microsoft"
-QMAX = 127.0
 EPS = 1e-12  # smallest activation scale: an all-zero row quantises to zeros, never divides by zero
 
 
@@ -127,29 +126,6 @@ def quantize_matmuls(model: Any, names: set[str], outliers: dict[str, list[int]]
     if not any(o.domain == CONTRIB for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(CONTRIB, 1))
     return len(chosen)
-
-
-def quantize_weight(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``(wq int8 (K, N), ws float32 (N,))`` with ``w ~= wq * ws``: symmetric, one scale per column, within
-    :func:`weight_qmax` steps."""
-    qmax = weight_qmax()
-    amax = np.abs(w).max(axis=0)
-    ws = np.where(amax > 0, amax / qmax, 1.0).astype(np.float32)
-    return np.clip(np.rint(w / ws), -qmax, qmax).astype(np.int8), ws
-
-
-@functools.cache
-def weight_qmax() -> float:
-    """127; or 63 on an x86 CPU without VNNI (AVX512-VNNI or AVX-VNNI), where ONNX Runtime's uint8 x int8
-    kernel adds pairs of products in int16 (``vpmaddubsw``): 2 x 255 x 63 = 32130 fits, 2 x 255 x 127 does
-    not and saturates. Other CPUs (ARM's dot products) take the full range."""
-    if platform.machine().lower() not in ("x86_64", "amd64", "i386", "i686"):
-        return QMAX
-    try:
-        flags = Path("/proc/cpuinfo").read_text(errors="replace")
-    except OSError:
-        return 63.0  # unknown x86: the range that is exact everywhere
-    return QMAX if re.search(r"\b(avx512_vnni|avx_vnni)\b", flags) else 63.0
 
 
 class _Builder:
