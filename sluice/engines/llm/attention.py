@@ -4,11 +4,14 @@
 calls :func:`store_and_attend` with its :class:`AttentionParams`: on CUDA it uses the Triton kernels of
 ``kernels/`` (``store_kv`` and ``paged_attention``, one launch each for the whole mixed prefill/decode
 batch); on the CPU it uses the torch path below, which is planned once per step
-(:func:`plan_cpu_attention`) so that the layers of a decode step cost one gather and one attention call
-each, not a loop over sequences. Sequences with a few new tokens (2..``MAX_BATCHED_QUERY_LEN``: speculative
-verifies of ``1 + k`` tokens) likewise share one batched call per layer, their queries padded to the longest
-of them (:mod:`.attention_short`); longer chunks (prompts) get one call each. Decode rows go through the
-native kernel where it is built (:mod:`.kernels.native_cpu`).
+(:func:`plan_cpu_attention`). Where the native kernel is built (:mod:`.kernels.native_cpu`) every row --
+decode, speculative verify, prompt chunk -- is attended by it as a one-token query of its own length, reading
+its sequence's keys and values in order from position 0: a row's attention is then the same bits whatever
+shares its step, however its prompt is chunked and whatever the prefix cache held (batch invariance, see
+``docs/llm.md``). Without it, the torch path: decodes share one gather and one attention call per layer,
+sequences with a few new tokens (2..``MAX_BATCHED_QUERY_LEN``: speculative verifies of ``1 + k`` tokens) one
+batched call, their queries padded to the longest of them (:mod:`.attention_short`), and longer chunks
+(prompts) one call each -- sums whose order depends on the batch.
 
 Semantics (both back-ends): sequence ``s`` owns query rows ``query_start_loc[s]:query_start_loc[s+1]``
 (``q_len`` rows) at positions ``seq_lens[s] - q_len + j``; each row attends causally to KV positions
@@ -69,6 +72,9 @@ class CpuAttentionPlan:
     decode_lens: torch.Tensor | None = None  # (num_decodes,) int64 KV length of each decode row's sequence
     short: ShortQueryPlan | None = None  # sequences with a few new tokens (speculative verifies)
     prefills: list[PrefillPlan] = field(default_factory=list)
+    # per-row plan (see plan_cpu_attention): every query row's block-table row and KV length
+    row_blocks: torch.Tensor | None = None  # (num_tokens, max_blocks) int64, padded with block 0
+    row_lens: torch.Tensor | None = None  # (num_tokens,) int64: the row's position + 1
 
 
 @dataclass(slots=True)
@@ -81,6 +87,7 @@ class AttentionMetadata:
     block_tables: torch.Tensor  # (num_seqs, max_blocks_per_seq) int32, padded with 0
     max_seq_len: int
     cpu_plan: CpuAttentionPlan | None = None  # set on the CPU path only
+    fixed_tiles: bool = True  # kernels: one tile shape whatever the batch (EngineConfig.deterministic)
     # (num_tokens,) int64, 1 = rotate this row with LongRoPE's long factors; None = none do (see
     # ModelConfig.long_rope_switch_len)
     long_rope: torch.Tensor | None = None
@@ -93,12 +100,19 @@ def plan_cpu_attention(
     block_size: int,
     group: int = 1,
     windows: Sequence[int] = (),
+    per_row: bool = False,
 ) -> CpuAttentionPlan:
     """Precompute gather indices and masks for one step on the CPU (plain Python lists in).
 
     ``group``: query heads per KV head (the model's; only shapes the short-query mask, any value works).
     ``windows``: the sliding windows of the model's layers; masks are built for each and for full attention.
+    ``per_row`` (the native kernel is built): a step with rows other than one-token decodes attends every
+    row as a decode row of its own length -- the native kernel's fixed order over KV positions -- so a row's
+    attention is the same whether its prompt is computed whole, in chunks, after a prefix-cache hit or
+    beside other requests (batch invariance); only ``row_blocks`` / ``row_lens`` are planned then.
     """
+    if per_row and any(q != 1 for q in query_lens):
+        return _plan_rows(query_lens, seq_lens, block_tables, block_size)
     plan = CpuAttentionPlan()
     keys: list[Window] = [None, *sorted(set(windows))]
     decode_rows: list[int] = []
@@ -150,6 +164,21 @@ def plan_cpu_attention(
     return plan
 
 
+def _plan_rows(query_lens: list[int], seq_lens: list[int], block_tables: list[list[int]], block_size: int
+               ) -> CpuAttentionPlan:  # fmt: skip
+    """Every row's block-table row (its sequence's, padded) and KV length (its position + 1)."""
+    widths = [-(-kv_len // block_size) for kv_len in seq_lens]
+    max_blocks = max(widths)
+    table = torch.tensor([t[:w] + [0] * (max_blocks - w) for t, w in zip(block_tables, widths, strict=True)],
+                         dtype=torch.int64)  # fmt: skip
+    q_lens, kv_lens = torch.tensor(query_lens), torch.tensor(seq_lens)
+    seq_of_row = torch.repeat_interleave(torch.arange(len(query_lens)), q_lens)
+    first_row = torch.cumsum(q_lens, 0) - q_lens  # each sequence's first row
+    offset = torch.arange(int(q_lens.sum())) - first_row[seq_of_row]  # a row's place in its sequence's rows
+    lens = (kv_lens - q_lens)[seq_of_row] + offset + 1
+    return CpuAttentionPlan(row_blocks=table.index_select(0, seq_of_row), row_lens=lens.to(torch.int64))
+
+
 def store_and_attend(
     query: torch.Tensor,  # (num_tokens, num_heads, head_dim)
     key: torch.Tensor,  # (num_tokens, num_kv_heads, head_dim)
@@ -169,7 +198,7 @@ def store_and_attend(
         kernels.store_kv(key, value, k_cache, v_cache, meta.slot_mapping)
         return kernels.paged_attention(
             query, k_cache, v_cache, meta.block_tables, meta.query_start_loc, meta.seq_lens, params.scale,
-            sliding_window=params.sliding_window, softcap=params.softcap,
+            sliding_window=params.sliding_window, softcap=params.softcap, fixed_tiles=meta.fixed_tiles,
         )  # fmt: skip
     return _cpu_store_and_attend(query, key, value, k_cache, v_cache, meta.slot_mapping, meta.cpu_plan, params)
 
@@ -185,10 +214,14 @@ def _cpu_store_and_attend(
     params: AttentionParams,
 ) -> torch.Tensor:
     model_dtype, kv_dtype = query.dtype, k_cache.dtype
+    if plan.row_blocks is not None and plan.row_lens is not None:  # per row: stores every row, then attends
+        return _native_decode(query, key, value, k_cache, v_cache, slot_mapping, plan.row_blocks, plan.row_lens,
+                              params).to(model_dtype)  # fmt: skip
     native = (plan.decode_rows is not None and kv_dtype in native_cpu.DTYPES and k_cache.is_contiguous()
               and v_cache.is_contiguous() and native_cpu.usable())
     if native and plan.decode_only:  # the common step: one native call stores and attends every row
-        return _native_decode(query, key, value, k_cache, v_cache, slot_mapping, plan, params).to(model_dtype)
+        return _native_decode(query, key, value, k_cache, v_cache, slot_mapping, *_decode_table(plan),
+                              params).to(model_dtype)  # fmt: skip
     # a bf16 pool under fp32 activations (packed weights): attend in the pool's dtype
     query, key, value = (t if t.dtype == kv_dtype else t.to(kv_dtype) for t in (query, key, value))
     num_tokens, num_heads, head_dim = query.shape
@@ -200,8 +233,8 @@ def _cpu_store_and_attend(
     k_flat.index_copy_(0, slot_mapping, key)
     v_flat.index_copy_(0, slot_mapping, value)
     if native and plan.decode_rows is not None:  # stored above: the kernel only attends
-        o = _native_decode(query.index_select(0, plan.decode_rows), None, None, k_cache, v_cache, None, plan,
-                           params)  # fmt: skip
+        o = _native_decode(query.index_select(0, plan.decode_rows), None, None, k_cache, v_cache, None,
+                           *_decode_table(plan), params)  # fmt: skip
         out = torch.empty_like(query)
         out.index_copy_(0, plan.decode_rows, o.to(out.dtype))
     elif plan.decode_rows is not None and plan.decode_blocks is not None:
@@ -242,15 +275,20 @@ def _native_decode(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor | None,
-    plan: CpuAttentionPlan,
+    blocks: torch.Tensor,  # (n * max_blocks,) or (n, max_blocks) int64: each row's block-table row
+    lens: torch.Tensor,  # (n,) int64 each row's KV length
     params: AttentionParams,
 ) -> torch.Tensor:  # (n, num_heads, head_dim) in query's dtype (float32 for another)
-    assert plan.decode_blocks is not None and plan.decode_lens is not None
     n = query.shape[0]
     dtype = query.dtype if query.dtype in native_cpu.DTYPES else torch.float32
     q = query.to(dtype)
     k = _NOTHING if key is None else key.to(dtype)
     v = _NOTHING if value is None else value.to(dtype)
     slots = _NO_SLOTS if slot_mapping is None else slot_mapping
-    return native_cpu.decode_attention(q, k, v, k_cache, v_cache, slots, plan.decode_blocks.view(n, -1),
-                                       plan.decode_lens, params.scale, params.sliding_window, params.softcap)
+    return native_cpu.decode_attention(q, k, v, k_cache, v_cache, slots, blocks.view(n, -1), lens, params.scale,
+                                       params.sliding_window, params.softcap)  # fmt: skip
+
+
+def _decode_table(plan: CpuAttentionPlan) -> tuple[torch.Tensor, torch.Tensor]:
+    assert plan.decode_blocks is not None and plan.decode_lens is not None
+    return plan.decode_blocks, plan.decode_lens

@@ -97,7 +97,8 @@ class LLM:
             phase.detail = (f"{self.runner.device}, {self.runner.num_blocks} KV blocks of {self.config.block_size} "
                             f"tokens, {self.max_model_len} tokens of context")
         del loaded  # the runner holds the weights it placed; the tensors as read can go
-        self.kv = KVCacheManager(self.runner.num_blocks, self.config.block_size, self.config.enable_prefix_caching)
+        self.kv = KVCacheManager(self.runner.num_blocks, self.config.block_size, self.config.enable_prefix_caching,
+                                 mark_prompt_positions=self.runner.routes_prompt_rows)  # fmt: skip
         c = self.config
         self._grammar_backend = structured_output_backend
         self.structured = StructuredOutputManager(GrammarCompiler(self._make_grammar_backend),

@@ -41,10 +41,13 @@ from dataclasses import dataclass
 from sluice.engines.llm.request import Request
 
 
-def hash_block(parent_hash: bytes, token_ids: list[int]) -> bytes:
-    """Chained hash of one full block: blake2b-128 over the parent's hash and the block's token ids."""
+def hash_block(parent_hash: bytes, token_ids: list[int], prompt_positions: int | None = None) -> bytes:
+    """Chained hash of one full block: blake2b-128 over the parent's hash and the block's token ids, and --
+    for a block only partly in its request's prompt, when the manager marks them -- how many positions are."""
     digest = hashlib.blake2b(parent_hash, digest_size=16)
     digest.update(array("q", token_ids).tobytes())
+    if prompt_positions is not None and prompt_positions < len(token_ids):
+        digest.update(b"prompt positions %d" % prompt_positions)
     return digest.digest()
 
 
@@ -68,7 +71,11 @@ class KVCacheManager:
     Called only by the scheduler (single-threaded). ``allocate_slots`` is all-or-nothing.
     """
 
-    def __init__(self, num_blocks: int, block_size: int = 16, enable_prefix_caching: bool = True) -> None:
+    def __init__(self, num_blocks: int, block_size: int = 16, enable_prefix_caching: bool = True,
+                 mark_prompt_positions: bool = False) -> None:  # fmt: skip
+        """``mark_prompt_positions``: the runner computes prompt positions and generated ones through different
+        matmuls (int4 weights without Sluice's kernel), so a block holding generated tokens must not stand in
+        for the same tokens in a later request's prompt: such blocks hash with their prompt count."""
         if isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks < 1:
             raise ValueError(f"num_blocks must be an integer >= 1, got {num_blocks!r}")
         if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
@@ -76,6 +83,7 @@ class KVCacheManager:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
+        self.mark_prompt_positions = mark_prompt_positions
         self.stats = PrefixCacheStats()
         self._ref_counts: list[int] = [0] * num_blocks
         self._block_hashes: list[bytes | None] = [None] * num_blocks  # hash of a registered (cached) block
@@ -120,7 +128,8 @@ class KVCacheManager:
         while len(hashes) < num_full_blocks:
             i = len(hashes)
             parent = hashes[-1] if hashes else request.cache_salt
-            hashes.append(hash_block(parent, request.token_ids_in(i * size, (i + 1) * size)))
+            in_prompt = max(0, min(size, request.num_prompt_tokens - i * size)) if self.mark_prompt_positions else None
+            hashes.append(hash_block(parent, request.token_ids_in(i * size, (i + 1) * size), in_prompt))
         return hashes[:num_full_blocks]
 
     # ---- prefix cache lookup -------------------------------------------------------------------------

@@ -27,6 +27,7 @@ from sluice.engines.llm.layers.native_layers import NativeDecodeLayers
 from sluice.engines.llm.layers.norm import make_norm
 from sluice.engines.llm.layers.quantized import QuantizedEmbedding, QuantizedLinear, RescoredHead
 from sluice.engines.llm.layers.rotary import rope_tables
+from sluice.engines.llm.layers.row_invariant import make_row_invariant
 from sluice.engines.llm.layers.self_attention import KVCache
 from sluice.engines.llm.quant.gguf_rows import GGUFRows
 from sluice.engines.llm.quant.heap import release_freed_memory
@@ -80,12 +81,14 @@ class CausalLM(nn.Module):
         device: torch.device | str = "cpu",
         weights: str = "fp32",
         progress: Callable[[int, int], None] | None = None,
+        row_invariant: bool = True,
     ) -> CausalLM:
         """Build the model from Sluice-named tensors (``models/`` maps and fuses a checkpoint's names).
 
         ``weights``: the form of the projections, LM head and embeddings (``quant/policy.py``; ``fp32``: dense
         in ``dtype``). Packed forms are CPU kernels: on another device ``auto`` means dense, and the packed
-        modes are refused. ``progress(done, total)`` is called before each tensor is converted. Consumes
+        modes are refused. ``progress(done, total)`` is called before each tensor is converted.
+        ``row_invariant`` (CPU): dense matmuls compute each row as in any batch (``layers/row_invariant.py``). Consumes
         ``tensors`` (the dict is emptied, one tensor at a time) so that no second
         copy of the weights stays alive.
         """
@@ -152,6 +155,8 @@ class CausalLM(nn.Module):
                 _swap_in(model, module_name, weight, dtype)
         if exact_head is not None:
             model.lm_head = RescoredHead(model.lm_head, exact_head)  # type: ignore[assignment]
+        if row_invariant and torch.device(device).type == "cpu":
+            make_row_invariant(model)
         for rope in model.ropes:
             cos, sin = rope_tables(rope, cfg.head_dim, cfg.max_position_embeddings, max_model_len)
             model.rope_cos.append(cos.to(device, dtype))
@@ -197,7 +202,7 @@ class CausalLM(nn.Module):
         if not logits_indices.numel():  # only partial prefill chunks this step: nothing is sampled
             return torch.empty(0, self.config.vocab_size, device=h.device)
         h = self.norm(h.index_select(0, logits_indices))  # (num_samples, hidden)
-        if h.device.type == "cpu" and isinstance(self.lm_head, nn.Linear):
+        if h.device.type == "cpu" and type(self.lm_head) is nn.Linear:  # not a RowInvariantLinear
             # (vocab, hidden) @ (hidden, num_samples): for a few rows (a decode batch, a speculative verify)
             # torch's CPU GEMM is several times faster this way round than F.linear's (rows, hidden) @
             # (hidden, vocab), and never slower for more rows.

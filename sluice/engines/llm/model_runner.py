@@ -97,7 +97,8 @@ class ModelRunner:
         self.device, self.dtype = resolve_device_dtype(engine_config)
         self.block_size = engine_config.block_size
         self.model = CausalLM.from_weights(model_config, tensors, max_model_len, self.dtype, self.device,
-                                           engine_config.weights, progress=progress)  # fmt: skip
+                                           engine_config.weights, progress=progress,
+                                           row_invariant=engine_config.deterministic)  # fmt: skip
         self.has_packed_weights = any(isinstance(m, PACKED_MODULES) for m in self.model.modules())
         self.kv_dtype = kv_cache_dtype(engine_config, self.dtype, self.has_packed_weights, self.device)
         if self.has_packed_weights and self.kv_dtype == torch.bfloat16:
@@ -114,6 +115,7 @@ class ModelRunner:
         self.routes_prompt_rows = dense and any(
             isinstance(m, QuantizedLinear) and m.routes_rows for m in self.model.modules())
         self.sampler = Sampler(engine_config.seed)
+        self.deterministic = engine_config.deterministic
         # CPU: attention planned once per step (attention.py); otherwise the kernels' ops, fed padded
         # block tables. Tests switch this off on the CPU to run the kernel path's plumbing.
         self.use_cpu_attention_plan = self.device.type == "cpu"
@@ -216,11 +218,13 @@ class ModelRunner:
             seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
             block_tables=torch.empty(0) if self.use_cpu_attention_plan else self._block_table_tensor(tables),
             max_seq_len=max(seq_lens),
+            fixed_tiles=self.deterministic,
         )
         if any(long_rope):
             meta.long_rope = torch.tensor(long_rope, dtype=torch.int64, device=dev)
         if self.use_cpu_attention_plan:
-            meta.cpu_plan = plan_cpu_attention(query_lens, seq_lens, tables, bs, self.group, self.windows)
+            per_row = self.kv_dtype in native_cpu.DTYPES and native_cpu.usable()  # batch-invariant attention
+            meta.cpu_plan = plan_cpu_attention(query_lens, seq_lens, tables, bs, self.group, self.windows, per_row)
         with dense_rows(RowSplit.of(prompt_row)):
             logits = self.model(
                 torch.tensor(input_ids, dtype=torch.int64, device=dev),

@@ -23,7 +23,8 @@ _ENGINE = EngineConfig()  # the engine's defaults
 
 # LLMOptions fields passed to the engine under the same name (kv_cache_memory_mb is converted to bytes)
 ENGINE_SETTINGS = ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "num_threads", "device", "dtype",
-                   "weights", "num_speculative_tokens", "speculative_ngram_max", "speculative_ngram_min")
+                   "weights", "num_speculative_tokens", "speculative_ngram_max", "speculative_ngram_min",
+                   "deterministic")
 
 _OVERRIDABLE = Literal["max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "json_schema", "choice",
                        "regex"]
@@ -95,6 +96,10 @@ class LLMOptions(BaseModel):
     """The longest n-gram matched in the prompt to find a draft."""
     speculative_ngram_min: int = Field(default=_ENGINE.speculative_ngram_min, ge=1)
     """The shortest n-gram matched in the prompt to find a draft."""
+    deterministic: bool = _ENGINE.deterministic
+    """A record's answer never depends on the records it is batched with, on chunking, caching, speculation or
+    threads (see the LLM guide for what is reproduced); `false` trades that for speed on float weights at
+    small batches."""
 
     @model_validator(mode="after")
     def _ngram_range(self) -> LLMOptions:

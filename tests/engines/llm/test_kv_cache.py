@@ -218,3 +218,21 @@ def test_free_cached_hits_count_against_the_free_pool() -> None:
     assert num_hit_tokens == 2 * BS
     assert not kv.allocate_slots(longer, longer.num_tokens - num_hit_tokens, hits)  # 2 hits + 3 new > 3
     assert longer.block_ids == [] and kv.num_free_blocks == 3 and kv.num_cached_blocks == 2
+
+
+@pytest.mark.parametrize("marked", [False, True])
+def test_generated_blocks_stand_in_for_a_prompt_only_where_both_paths_compute_alike(marked: bool) -> None:
+    """A later prompt that repeats an earlier prompt and its answer finds the answer's blocks cached unless the
+    runner computes prompt and generated positions differently (``mark_prompt_positions``); the request's
+    own blocks, after a preemption, are found either way."""
+    kv = KVCacheManager(num_blocks=32, block_size=BS, mark_prompt_positions=marked)
+    first = Request("a", prompt(1, 2, tail=1))  # 9 prompt tokens: block 2 holds 1 prompt + 3 generated
+    first.output_token_ids = [7, 7, 7] + [8] * BS + [5]  # blocks 2 and 3 complete, one token past
+    compute(kv, first)
+    continued = Request("b", first.prompt_token_ids + first.output_token_ids)
+    hits, num_hit_tokens = kv.get_computed_blocks(continued)
+    assert num_hit_tokens == (2 * BS if marked else 4 * BS)  # the all-prompt blocks only, or all four
+    preempted = Request("a", first.prompt_token_ids)
+    preempted.output_token_ids = list(first.output_token_ids)
+    assert kv.get_computed_blocks(preempted)[1] == 4 * BS
+    assert hash_block(b"", [1] * BS, BS) == hash_block(b"", [1] * BS)  # all-prompt blocks hash as before

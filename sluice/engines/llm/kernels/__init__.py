@@ -96,6 +96,7 @@ def paged_attention(
     *,
     sliding_window: int | None = None,  # attend only to the last this-many positions (itself included)
     softcap: float | None = None,  # scores -> softcap * tanh(scores / softcap) before the softmax
+    fixed_tiles: bool = False,  # Triton: one tile shape for every batch (batch-invariant rows)
 ) -> torch.Tensor:
     """Causal attention of every sequence's new tokens over its paged KV (prefill and decode mixed).
 
@@ -105,6 +106,7 @@ def paged_attention(
     num_kv_heads)``. Returns ``out`` (allocated when None) with the query's dtype; the softmax is accumulated
     in fp32.
     """
-    ops = _load(kernel_path(query))
-    return ops.paged_attention(query, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale, out,
-                               sliding_window=sliding_window, softcap=softcap)  # fmt: skip
+    path = kernel_path(query)
+    extra = {"fixed_tiles": fixed_tiles} if path == "triton" else {}
+    return _load(path).paged_attention(query, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale, out,
+                                       sliding_window=sliding_window, softcap=softcap, **extra)  # fmt: skip

@@ -82,8 +82,9 @@ def load() -> ModuleType | None:
     with _LOCK:
         module, how = native_build.load_or_build(default_cache_dir())
     if module is None:
-        log.warning("native CPU kernels unavailable (%s); the LLM engine uses the torch path, slower at small "
-                    "batches (needs a C++ compiler and ninja; set %s=0 to skip the attempt)", how, ENV)
+        log.warning("native CPU kernels unavailable (%s); the LLM engine uses the torch path: slower at small "
+                    "batches, and an answer may then depend on what it is batched with (needs a C++ compiler and "
+                    "ninja; set %s=0 to skip the attempt)", how, ENV)  # fmt: skip
     return module
 
 

@@ -139,8 +139,13 @@ def paged_attention(
     *,
     sliding_window: int | None = None,
     softcap: float | None = None,
+    fixed_tiles: bool = False,
 ) -> torch.Tensor:
     """Causal paged attention of mixed prefill + decode sequences; see :func:`.reference.paged_attention`.
+
+    ``fixed_tiles``: one tile shape whatever the batch, so a row's reductions (over ``BLOCK_N`` positions at a
+    time from position 0, a fixed tile layout) are the same alone, beside other sequences or chunked: batch
+    invariance (the engine's ``deterministic``). Otherwise the tile height follows the call's shape.
 
     ``head_dim`` must be the innermost, unit-stride dimension of query, out and caches; query, k_cache and
     v_cache must share a dtype (fp16, bf16 or fp32). The host reads no tensor values, so the call does not
@@ -168,7 +173,7 @@ def paged_attention(
     group = num_heads // num_kv_heads
     # Prefill-heavy calls get taller tiles (more reuse of each K/V load); decode-heavy calls small ones so
     # a one-token sequence does not waste most of its tile. Chosen from shapes only: no device sync.
-    rows = 64 if num_tokens >= 4 * num_seqs else 16
+    rows = 16 if fixed_tiles or num_tokens < 4 * num_seqs else 64
     block_m = max(rows, triton.next_power_of_2(group))
     block_q = block_m // group
     grid = (num_tokens // block_q + num_seqs, num_kv_heads)

@@ -11,11 +11,12 @@ runner names the rows of a step that are prompt positions; an int4 projection mu
 weight dequantised to bf16 (``int4_dense``: faster than torch's kernel at a prompt's hundreds of rows)
 and the others -- decode rows, speculative drafts, generated tokens recomputed after a preemption -- through
 the int4 kernel. The split is by what a row is, never by how many rows share the step, and both paths are
-row-invariant, so a projection gives a token the same numbers whatever it is batched with: greedy output is the
-same with and without speculation, and a prompt's projections are the same however it is chunked or cached (its
-attention over a chunk sums in another order than over the whole prompt, which bf16 roundings carry on:
-next-token log-probabilities within ~0.05 between chunkings). The LM head (``routes_rows=False``) always takes
-the int4 kernel: it sees the sampled rows only.
+row-invariant, so a projection gives a token the same numbers whatever it is batched with: with the per-row
+attention of ``attention.py`` a request's answer is the same with and without speculation, however its prompt is
+chunked or cached (``tests/engines/llm/test_batch_invariance.py``). A block of generated tokens in the prefix
+cache was computed by the other path, so it never stands in for prompt positions (``kv_cache.py``:
+``mark_prompt_positions``). The LM head (``routes_rows=False``) always takes the int4 kernel: it sees the
+sampled rows only.
 """
 
 from __future__ import annotations
@@ -129,7 +130,8 @@ class RescoredHead(nn.Module):
             top = packed.float().topk(self.top_k, dim=-1).indices
         logits = packed.float()
         rows = self.exact.gather(top)  # (num_rows, top_k, hidden) float32
-        rescored = torch.bmm(rows, h.float().unsqueeze(-1)).squeeze(-1)  # (num_rows, top_k)
+        # a product and a sum over each row's own values: bmm sums a batch of one in another order
+        rescored = (rows * h.float().unsqueeze(1)).sum(-1)  # (num_rows, top_k)
         return logits.scatter_(1, top, rescored)
 
 

@@ -37,6 +37,7 @@ from typing import Protocol
 import torch
 
 from sluice.engines.llm.kernels import native_cpu
+from sluice.engines.llm.layers.row_invariant import row_invariant_rows
 from sluice.engines.llm.quant.gguf_blocks import GROUP, affine_int4
 from sluice.engines.llm.quant.gguf_rows import GGUFRows
 
@@ -87,13 +88,16 @@ class DenseWeight:
     def __init__(self, weight: torch.Tensor) -> None:
         self.weight = weight  # (N, K) bf16
         self.out_features, self.in_features = self.weight.shape
+        self.row_invariant = False  # set by layers/row_invariant.py: rows padded as that module says
 
     @classmethod
     def convert(cls, source: torch.Tensor | GGUFRows) -> DenseWeight:
         return cls(torch.cat([chunk.to(COMPUTE_DTYPE) for chunk in row_chunks(source)]))
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.matmul(_to_compute(x), self.weight.T)
+        if not self.row_invariant:
+            return torch.matmul(_to_compute(x), self.weight.T)
+        return row_invariant_rows(lambda rows: torch.matmul(rows, self.weight.T), _to_compute(x))
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         return torch.nn.functional.embedding(ids, self.weight).float()

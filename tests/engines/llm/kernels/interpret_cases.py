@@ -91,3 +91,19 @@ def test_engine_through_the_kernels_equals_hf(family: str, tiny_family_dir: Call
     outputs = llm.generate(prompts, SamplingParams(max_tokens=FAMILY_NEW_TOKENS, ignore_eos=True))
     assert [o.token_ids for o in outputs] == hf_greedy(family)[:4]
     assert llm.stats.num_draft_tokens > 0
+
+
+def test_engine_through_the_kernels_answers_each_prompt_as_alone(tiny_family_dir: Callable[..., Path],
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """A tiny Llama through the Triton kernels (attention with ``fixed_tiles``, the engine's default): every
+    prompt's greedy tokens and log-probabilities in a batch of four equal those of the prompt alone. (Chunked
+    prefill moves a row to another row of its attention tile; the interpreter's dot is numpy's BLAS, whose sums
+    depend on that, so only a GPU can check chunking there.)"""
+    monkeypatch.setenv("SLUICE_KERNELS", "triton")
+    prompts = family_prompts(256)[:4]
+    params = SamplingParams(max_tokens=8, ignore_eos=True, logprobs=True)
+    llm = LLM(tiny_family_dir("llama"), enable_prefix_caching=False)
+    llm.runner.use_cpu_attention_plan = False
+    together = [(o.token_ids, o.logprobs) for o in llm.generate(prompts, params)]
+    alone = [(o.token_ids, o.logprobs) for p in prompts for o in llm.generate([p], params)]
+    assert together == alone
