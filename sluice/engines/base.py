@@ -58,6 +58,16 @@ class RecordError(EngineError):
 
 
 @dataclass(frozen=True, slots=True)
+class RecordOrigin:
+    """Where a decoded value came from: its source topic (a file source's path), partition, offset and key."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+
+
+@dataclass(frozen=True, slots=True)
 class EngineContext:
     """What the runner tells an engine about the pipeline it serves (plain data, no live objects)."""
 
@@ -157,6 +167,11 @@ class ContinuousEngine(ModelInfo, ABC):
     def prepare(self, values: Sequence[Any]) -> list[Any]:
         """Turn decoded input values into requests (render the prompt, tokenise). Default: unchanged."""
         return list(values)
+
+    def prepare_records(self, values: Sequence[Any], origins: Sequence[RecordOrigin]) -> list[Any]:
+        """``prepare``, told where each value came from (the operator calls this one; an engine whose requests
+        depend on the record's identity -- the LLM's ``seed_from`` -- overrides it). Default: ``prepare``."""
+        return self.prepare(values)
 
     def item_length(self, item: Any) -> int:
         """Length of one prepared item (prompt tokens). Default 1."""

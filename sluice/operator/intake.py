@@ -19,7 +19,7 @@ from __future__ import annotations
 import operator
 from typing import Any
 
-from sluice.engines.base import BatchEngine, ContinuousEngine, EngineError
+from sluice.engines.base import BatchEngine, ContinuousEngine, EngineError, RecordOrigin
 from sluice.operator.emitter import Emitter, Failure
 from sluice.operator.observer import Observer
 from sluice.operator.record import InputRecord, Pending, TopicPartition
@@ -128,7 +128,7 @@ class Intake:
         so that only the records it fails on alone are dead-lettered, with the engine's own exception."""
         engine = self.serving.engine
         try:
-            items = engine.prepare([v for _, _, v in decoded])
+            items = _prepare_values(engine, decoded)
             if len(items) != len(decoded):
                 raise EngineError(f"prepare returned {len(items)} items for {len(decoded)} values")
             if self._measure:
@@ -139,13 +139,22 @@ class Intake:
         accepted = []
         for r, d, v in decoded:
             try:
-                items = engine.prepare([v])
+                items = _prepare_values(engine, [(r, d, v)])
                 if len(items) != 1:
                     raise EngineError(f"prepare returned {len(items)} items for one value")
                 accepted.append((Pending(r, d, items[0]), _length(engine, items[0]) if self._measure else 1))
             except Exception as err:  # RecordError, or anything else the engine raises on this one input
                 rejected.append((r, "prepare", err))
         return accepted
+
+
+def _prepare_values(engine: BatchEngine | ContinuousEngine, decoded: list[Decoded]) -> list[Any]:
+    """``prepare`` of the records' values; a continuous engine is also told where each came from."""
+    values = [v for _, _, v in decoded]
+    if isinstance(engine, ContinuousEngine):
+        return engine.prepare_records(values, [RecordOrigin(r.tp.topic, r.tp.partition, r.offset, r.key)
+                                               for r, _, _ in decoded])  # fmt: skip
+    return engine.prepare(values)
 
 
 def _length(engine: BatchEngine | ContinuousEngine, item: Any) -> int:

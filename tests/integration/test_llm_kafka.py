@@ -148,3 +148,46 @@ def test_sigterm_mid_generation_commits_only_finished_records(kafka_bootstrap: s
     ids = {json.loads(r.value)["id"] for r in consume_all(kafka_bootstrap, t_out, expected_count=n)}
     assert ids == set(range(n))
     assert committed_offsets(kafka_bootstrap, group, t_in) == end_offsets(kafka_bootstrap, t_in)
+
+
+def test_kill_9_mid_stream_duplicates_are_byte_identical_to_their_originals(kafka_bootstrap: str, tmp_path: Path,
+                                                                           smollm: Path) -> None:  # fmt: skip
+    """Sampled answers (temperature 0.9, seeded from each record's offset by default) under at-least-once: the
+    process is killed with SIGKILL before its first commit, so every answer it wrote is written again by the
+    next run -- computed in other batches, beside other records -- and must be the same bytes."""
+    t_in, t_out, t_dlq = topics(kafka_bootstrap)
+    n = 60
+    produce(kafka_bootstrap, t_in, [(f"r{i}", json.dumps({"id": i, "text": REVIEWS[i % 10]})) for i in range(n)])
+    group = unique_topic("g")
+    path = pipeline(tmp_path / "p.yaml", kafka_bootstrap, t_in, t_out, t_dlq, group, max_tokens=16, stop=[],
+                    temperature=0.9, top_p=0.95, max_num_seqs=6)  # fmt: skip
+    doc = yaml.safe_load(path.read_text())
+    doc["runtime"]["commit_interval_ms"] = 600_000  # nothing committed before the kill
+    path.write_text(yaml.safe_dump(doc))
+    proc = subprocess.Popen([sys.executable, "-m", "sluice.cli", "run", str(path)], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while sum(end_offsets(kafka_bootstrap, t_out).values()) < 12 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    first = consume_all(kafka_bootstrap, t_out)
+    assert 12 <= len(first) < n, "the kill came after every answer was written"
+    doc["runtime"]["commit_interval_ms"] = 200
+    path.write_text(yaml.safe_dump(doc))
+    again = run_sluice("run", str(path), "--idle-exit", "8")
+    assert again.returncode == 0, again.stderr[-3000:]
+    outputs = consume_all(kafka_bootstrap, t_out, expected_count=n + len(first))
+    by_id: dict[int, set[bytes]] = {}
+    for r in outputs:
+        by_id.setdefault(json.loads(r.value)["id"], set()).add(bytes(r.value))
+    assert sorted(by_id) == list(range(n))
+    duplicated = [i for i in by_id if sum(json.loads(r.value)["id"] == i for r in outputs) > 1]
+    assert len(duplicated) >= len(first)  # every answer of the killed run was written again
+    assert all(len(values) == 1 for values in by_id.values()), {i: v for i, v in by_id.items() if len(v) > 1}
+    same_text = [json.loads(next(iter(by_id[i])))["label"] for i in range(0, n, 10)]  # one review, ten offsets
+    assert len(set(same_text)) > 1, "every record drew the same answer: the seed does not follow the record"

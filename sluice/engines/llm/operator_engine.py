@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sluice.engines.base import ContinuousEngine, EngineContext, EngineStartError, RecordError
+from sluice.engines.base import ContinuousEngine, EngineContext, EngineStartError, RecordError, RecordOrigin
 from sluice.engines.chat import ChatRequest
 from sluice.engines.identity import ModelSource
 from sluice.engines.llm.chat import chat_result, chat_settings
@@ -137,12 +137,15 @@ class LLMEngine(ContinuousEngine):
     # ---- intake thread -----------------------------------------------------------------------------
 
     def prepare(self, values: Sequence[Any]) -> list[Prompt]:
-        return [self._prompt(v) for v in values]
+        return [self._prompt(v, None) for v in values]
+
+    def prepare_records(self, values: Sequence[Any], origins: Sequence[RecordOrigin]) -> list[Prompt]:
+        return [self._prompt(v, o) for v, o in zip(values, origins, strict=True)]
 
     def item_length(self, item: Prompt) -> int:
         return len(item.token_ids)
 
-    def _prompt(self, value: Any) -> Prompt:
+    def _prompt(self, value: Any, origin: RecordOrigin | None) -> Prompt:
         from sluice.engines.llm import SamplingParams
 
         o = self.options
@@ -162,7 +165,8 @@ class LLMEngine(ContinuousEngine):
             raise RecordError(f"the prompt has {len(token_ids)} tokens; the model's context holds "
                               f"{self.llm.max_model_len} (prompt and answer together)")
         settings: dict[str, Any] = {"max_tokens": o.max_tokens, "temperature": o.temperature, "top_p": o.top_p,
-                                    "top_k": o.top_k, "seed": o.seed, "stop": tuple(o.stop), "ignore_eos": o.ignore_eos,
+                                    "top_k": o.top_k, "seed": o.seed_source.seed(o.seed, value, origin),
+                                    "stop": tuple(o.stop), "ignore_eos": o.ignore_eos,
                                     "structured_output": self._structured}
         if chat:
             settings = chat_settings(value, settings, o.model_fields_set, o.backend, self._checked)

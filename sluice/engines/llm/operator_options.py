@@ -17,6 +17,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from sluice.engines.llm.config import DTypeName, EngineConfig, WeightMode
+from sluice.engines.llm.record_seed import SeedFrom
 from sluice.engines.llm.structured.options import OVERRIDE_KINDS, StructuredOutputOptions
 
 _ENGINE = EngineConfig()  # the engine's defaults
@@ -53,7 +54,10 @@ class LLMOptions(BaseModel):
     top_k: int = Field(default=0, ge=0)
     """Sample among the `k` most likely tokens (`0`: all)."""
     seed: int | None = None
-    """Seeds each record's sampling, so a sampled answer can be reproduced."""
+    """Salts each record's sampling seed (see `seed_from`): another value, another reproducible draw."""
+    seed_from: str = "offset"
+    """What seeds a record's sampling, so a replay samples the same answer: `offset` (source topic, partition
+    and offset), `key`, `field:NAME` (a field of the record) or `none` (`seed` alone, every record alike)."""
     stop: list[str] = Field(default_factory=list)
     """Strings that end an answer (not included in it)."""
     ignore_eos: bool = False
@@ -114,6 +118,17 @@ class LLMOptions(BaseModel):
             raise ValueError("json_schema and structured_output are both set: give the schema once, as "
                              "structured_output.json_schema (answers are then also checked against it)")
         return self
+
+    @field_validator("seed_from")
+    @classmethod
+    def _seed_from(cls, value: str) -> str:
+        SeedFrom.parse(value)
+        return value
+
+    @property
+    def seed_source(self) -> SeedFrom:
+        """``seed_from`` parsed."""
+        return SeedFrom.parse(self.seed_from)
 
     @property
     def parse_mode(self) -> Literal["none", "json"]:
