@@ -26,6 +26,11 @@ back, each running every engine, and a table of the per-round ratios with their 
     .venv/bin/python bench/llm_peers.py --quick         # SmolLM2, small workloads: checks the plumbing
     .venv/bin/python bench/llm_peers.py --models smollm2 --workloads decode-8,decode-1
     .venv/bin/python bench/llm_peers.py --models llama1b-q4_0 --workloads decode-1 --slots 1 --repeats 3
+    .venv/bin/python bench/llm_peers.py --models smollm2 --no-peers --baseline-ref HEAD~1 --repeats 3
+
+``--baseline-ref REF`` also runs Sluice as of commit ``REF`` (a ``git worktree`` in the Sluice cache),
+in the same rounds: with ``--no-peers`` (no llama-server, no HF) the ratios are against that run, the cost
+or gain of a change measured side by side on one machine.
 """
 
 from __future__ import annotations
@@ -36,12 +41,21 @@ import os
 import platform
 import statistics
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from llm_peers_run import RunResult, environment_note, in_child, run_hf, run_llama_server, run_sluice  # noqa: E402
+from llm_peers_run import (  # noqa: E402
+    RunResult,
+    environment_note,
+    in_child,
+    run_hf,
+    run_llama_server,
+    run_sluice,
+    run_sluice_at,
+)
 from llm_peers_workloads import Workload, build_workloads  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -55,6 +69,22 @@ def model_file(name: str) -> str:
     return smollm2() if name == "smollm2" else llama_1b(name.split("-")[1].upper())
 
 
+def baseline_checkout(ref: str) -> str:
+    """A ``git worktree`` of ``ref`` (resolved to its commit) in the Sluice cache, outside the checkout; its path."""
+    import subprocess
+
+    from sluice.models import default_cache_dir
+
+    repo = Path(__file__).resolve().parent.parent
+    commit = subprocess.run(["git", "rev-parse", "--verify", f"{ref}^{{commit}}"], cwd=repo, check=True,
+                            capture_output=True, text=True).stdout.strip()  # fmt: skip
+    path = default_cache_dir() / "bench-worktrees" / commit[:12]
+    if not path.exists():
+        subprocess.run(["git", "worktree", "add", "--detach", str(path), commit], cwd=repo, check=True,
+                       capture_output=True)  # fmt: skip
+    return str(path)
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
@@ -63,12 +93,13 @@ def percentile(values: list[float], q: float) -> float:
 def run_workload(model: str, workload: Workload, args: argparse.Namespace, with_hf: bool) -> list[RunResult]:
     from llama_cpp_build import ensure_built
 
-    server = ensure_built() / "bin" / "llama-server"
     results = []
     slots = [s for s in args.slots if s <= max(workload.concurrency, 1) or s == 1]
-    for s in slots:
-        results.append(run_llama_server(server, model, workload, args.threads, s, RESULTS / "llm_peers_logs"))
-        print(f"  {results[-1].engine:<18}{results[-1].tokens_per_s:8.1f} tok/s", flush=True)
+    if not args.no_peers:
+        server = ensure_built() / "bin" / "llama-server"
+        for s in slots:
+            results.append(run_llama_server(server, model, workload, args.threads, s, RESULTS / "llm_peers_logs"))
+            print(f"  {results[-1].engine:<18}{results[-1].tokens_per_s:8.1f} tok/s", flush=True)
     ctx_per_slot = -(-(workload.max_request_tokens + 16) // 256) * 256
     kv_tokens = max(slots) * ctx_per_slot
     # (weights, engine name, environment of the spawned child: it reads these at model load / per matmul)
@@ -81,11 +112,14 @@ def run_workload(model: str, workload: Workload, args: argparse.Namespace, with_
         runs.append(("auto", "sluice-torch-int4", {"SLUICE_INT4_MATMUL": "0"}))
     if args.zero_points_baseline:  # Sluice's kernel reading zero points of 0 (Q4_0) and an asymmetric head
         runs.append(("auto", "sluice-zero-points", {"SLUICE_INT4_SCALES_ONLY": "0"}))
+    if args.baseline_root:  # the same engine as of another commit, in the same round
+        runs += [(w, f"sluice@{args.baseline_ref}" + ("" if w == "auto" else f"-{w}"), {}) for w in args.weights]
     for weights, engine, env in runs:
         saved = {k: os.environ.get(k) for k in env}
         os.environ.update(env)
+        fn, root = (run_sluice_at, (args.baseline_root,)) if "@" in engine else (run_sluice, ())
         try:
-            results.append(in_child(engine, workload.name, run_sluice, model, workload, args.threads, weights,
+            results.append(in_child(engine, workload.name, fn, *root, model, workload, args.threads, weights,
                                     kv_tokens, {"max_num_batched_tokens": args.max_num_batched_tokens}))  # fmt: skip
         finally:
             for k, v in saved.items():
@@ -94,7 +128,7 @@ def run_workload(model: str, workload: Workload, args: argparse.Namespace, with_
                 else:
                     os.environ[k] = v
         print(f"  {engine:<18}{results[-1].tokens_per_s:8.1f} tok/s", flush=True)
-    if with_hf:
+    if with_hf and not args.no_peers:
         for bs in sorted({min(workload.concurrency, 8), min(workload.concurrency, 32)}):
             results.append(in_child(f"hf-static-{bs}", workload.name, run_hf, model, workload, args.threads, bs))
             print(f"  {results[-1].engine:<18}{results[-1].tokens_per_s:8.1f} tok/s", flush=True)
@@ -102,12 +136,16 @@ def run_workload(model: str, workload: Workload, args: argparse.Namespace, with_
 
 
 def summarise(model: str, results: list[RunResult], round_: int = 1) -> list[dict[str, Any]]:
-    """One row per run; ratios against the best llama-server setting of the same round of the workload."""
+    """One row per run; ratios against the best llama-server setting of the same round of the workload (without
+    peers: against the ``--baseline-ref`` run)."""
     rows = []
     for workload in dict.fromkeys(r.workload for r in results):
         runs = [r for r in results if r.workload == workload]
-        best = max((r for r in runs if r.engine.startswith("llama-server")), key=lambda r: r.tokens_per_s)
+        peers = [r for r in runs if r.engine.startswith("llama-server")]
+        if not peers:  # a run against another commit: each engine against its own weights' baseline
+            base = {_weights_of(r.engine): r for r in runs if "@" in r.engine}
         for r in runs:
+            best = max(peers, key=lambda p: p.tokens_per_s) if peers else base.get(_weights_of(r.engine), r)
             rows.append({"model": model, "workload": workload, "engine": r.engine, "round": round_, "elapsed_s": r.elapsed_s,
                          "output_tokens": r.output_tokens, "tokens_per_s": r.tokens_per_s,
                          "ttft_p50_ms": 1000 * statistics.median(r.ttft_s), "ttft_p99_ms": 1000 * percentile(r.ttft_s, 0.99),
@@ -117,9 +155,15 @@ def summarise(model: str, results: list[RunResult], round_: int = 1) -> list[dic
     return rows
 
 
+def _weights_of(engine: str) -> str:
+    """``""`` for the default weights, else the mode an engine name ends with (``sluice-fp32``, ``sluice@x-fp32``)."""
+    name = engine.split("@")[1] if "@" in engine else engine
+    return name.partition("-")[2] if name.partition("-")[2] in ("fp32", "bf16", "int8", "int4") else ""
+
+
 def markdown(rows: list[dict[str, Any]], header: str) -> str:
     lines = [header, "", "| model | workload | engine | out tok/s | TTFT p50 ms | TTFT p99 ms | peak RSS MB | "
-             "of it before loading | tok/s vs best llama-server | RSS vs it |",
+             "of it before loading | tok/s vs reference | RSS vs it |",
              "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
     rounds = max((r.get("round", 1) for r in rows), default=1)
     for r in rows:
@@ -131,7 +175,8 @@ def markdown(rows: list[dict[str, Any]], header: str) -> str:
     lines += ["", "*of it before loading*: the engine process's resident size once torch and Sluice are imported, "
               "before the model is read -- the runtime's floor, which no weight format changes."]  # fmt: skip
     if rounds > 1:
-        lines += ["", f"Ratio to the best llama-server setting of the same round, {rounds} rounds back to back "
+        lines += ["", f"Ratio to the reference run of the same round (the best llama-server setting; with "
+                  f"`--no-peers`, the `--baseline-ref` run of the same weights), {rounds} rounds back to back "
                   "(`--repeats`: this VM's memory bandwidth moves by the minute):", "",
                   "| model | workload | engine | " + " | ".join(f"#{i}" for i in range(1, rounds + 1)) + " | median |",
                   "|---|---|---|" + "---:|" * (rounds + 1)]  # fmt: skip
@@ -192,6 +237,8 @@ def main(argv: list[str] | None = None) -> None:
                     "and their median")
     ap.add_argument("--scale-1b", type=float, default=0.25, help="workload size for the 1B model (1 = SmolLM2's)")
     ap.add_argument("--no-hf", action="store_true")
+    ap.add_argument("--no-peers", action="store_true", help="Sluice only: no llama-server (nothing to build), no HF")
+    ap.add_argument("--baseline-ref", default=None, help="also run Sluice as of this git commit, side by side")
     ap.add_argument("--hf-1b", action="store_true", help="also HF generate on the 1B model (fp32: 5 GB)")
     ap.add_argument("--quick", action="store_true", help="small workloads on SmolLM2: checks the plumbing")
     ap.add_argument("--out", default=str(RESULTS / "llm_peers"), help="path prefix of the .json/.md/.png")
@@ -204,6 +251,7 @@ def main(argv: list[str] | None = None) -> None:
         os.environ["OMP_WAIT_POLICY"] = args.omp_wait_policy.upper()
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     args.slots = [int(s) for s in args.slots.split(",")]
+    args.baseline_root = baseline_checkout(args.baseline_ref) if args.baseline_ref else None
     args.weights = args.weights.split(",")
     names = ["smollm2"] if args.quick else args.models.split(",")
     from sluice.engines.llm.tokenizer import ChatTokenizer
@@ -227,9 +275,11 @@ def main(argv: list[str] | None = None) -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps({"facts": facts, "rows": rows}, indent=2) + "\n")
-    header = (f"Sluice vs llama-server vs HF generate, {facts['cpu']}, {args.threads} threads, "
+    against = f"Sluice as of {args.baseline_ref}" if args.no_peers else "llama-server vs HF generate"
+    header = (f"Sluice vs {against}, {time.strftime('%Y-%m-%d')}, {facts['cpu']}, {args.threads} threads, "
               f"OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}, load average at the end "
-              f"{facts['load_avg'][0]:.2f} / {facts['load_avg'][1]:.2f} / {facts['load_avg'][2]:.2f}")  # fmt: skip
+              f"{facts['load_avg'][0]:.2f} / {facts['load_avg'][1]:.2f} / {facts['load_avg'][2]:.2f}\n\n"
+              f"`python bench/llm_peers.py {' '.join(argv if argv is not None else sys.argv[1:])}`")  # fmt: skip
     text = markdown(rows, header)
     out.with_suffix(".md").write_text(text)
     plot(rows, out.with_suffix(".png"))

@@ -101,6 +101,19 @@ def run_sluice(model: str, workload: Workload, threads: int, weights: str, kv_to
                                                 "num_steps": stats.num_steps, "num_preemptions": stats.num_preemptions}}  # fmt: skip
 
 
+def run_sluice_at(root: str, *args: Any) -> dict[str, Any]:
+    """``run_sluice`` with Sluice imported from ``root`` (a checkout of another commit: ``--baseline-ref``).
+    Runs in a fresh spawned child, where nothing has imported Sluice yet."""
+    import sys
+
+    sys.path.insert(0, root)
+    import sluice
+
+    if not sluice.__file__ or not sluice.__file__.startswith(root):
+        raise RuntimeError(f"sluice imported from {sluice.__file__}, not from {root}")
+    return run_sluice(*args)
+
+
 def _kv_bytes_per_token(model: str, weights: str) -> int:
     """K and V of every layer for one token: float32 for ``weights: fp32``, else bf16 (what ``kv_cache_dtype:
     auto`` gives packed weights; ``run_sluice`` checks it)."""
