@@ -54,6 +54,23 @@ def pipeline(path: Path, bootstrap: str, t_in: str, t_out: str, t_dlq: str, grou
     return path
 
 
+def signal_after_outputs(path: Path, bootstrap: str, t_out: str, outputs: int, sig: int) -> tuple[int, str]:
+    """Run the pipeline until ``outputs`` records are on ``t_out`` (at most 300 s), send ``sig``; return the
+    exit status and standard error."""
+    proc = subprocess.Popen([sys.executable, "-m", "sluice.cli", "run", str(path)], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while sum(end_offsets(bootstrap, t_out).values()) < outputs and time.monotonic() < deadline:
+            time.sleep(0.2)
+        proc.send_signal(sig)
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return proc.returncode, stderr
+
+
 def topics(bootstrap: str) -> tuple[str, str, str]:
     names = unique_topic("reviews"), unique_topic("labelled"), unique_topic("dlq")
     for name, parts in zip(names, (2, 2, 1), strict=True):
@@ -122,18 +139,8 @@ def test_sigterm_mid_generation_commits_only_finished_records(kafka_bootstrap: s
     group = unique_topic("g")
     path = pipeline(tmp_path / "p.yaml", kafka_bootstrap, t_in, t_out, t_dlq, group, max_tokens=24, stop=[],
                     max_num_seqs=8)
-    proc = subprocess.Popen([sys.executable, "-m", "sluice.cli", "run", str(path)], cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 300
-        while sum(end_offsets(kafka_bootstrap, t_out).values()) < 10 and time.monotonic() < deadline:
-            time.sleep(0.3)
-        proc.send_signal(signal.SIGTERM)
-        _, stderr = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 0, stderr[-3000:]
+    returncode, stderr = signal_after_outputs(path, kafka_bootstrap, t_out, 10, signal.SIGTERM)
+    assert returncode == 0, stderr[-3000:]
     first = consume_all(kafka_bootstrap, t_out)
     assert len(first) < n, "everything finished before SIGTERM: nothing was mid-generation"
     done = {json.loads(r.value)["id"] for r in first}
@@ -164,17 +171,7 @@ def test_kill_9_mid_stream_duplicates_are_byte_identical_to_their_originals(kafk
     doc = yaml.safe_load(path.read_text())
     doc["runtime"]["commit_interval_ms"] = 600_000  # nothing committed before the kill
     path.write_text(yaml.safe_dump(doc))
-    proc = subprocess.Popen([sys.executable, "-m", "sluice.cli", "run", str(path)], cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 300
-        while sum(end_offsets(kafka_bootstrap, t_out).values()) < 12 and time.monotonic() < deadline:
-            time.sleep(0.2)
-        proc.send_signal(signal.SIGKILL)
-        proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    signal_after_outputs(path, kafka_bootstrap, t_out, 12, signal.SIGKILL)
     first = consume_all(kafka_bootstrap, t_out)
     assert 12 <= len(first) < n, "the kill came after every answer was written"
     doc["runtime"]["commit_interval_ms"] = 200

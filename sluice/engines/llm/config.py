@@ -185,10 +185,10 @@ class EngineConfig:
     num_threads: int | None = None  # CPU only: torch intra-op threads (None leaves torch's setting)
     seed: int = 0  # seeds requests that sample without their own seed
     # True: a request's tokens and log-probs never depend on the requests it shares a step with, on prompt
-    # chunking, prefix-cache hits, speculation or the thread count (docs/guide/llm.md: what is reproduced);
-    # False lets float32 / bf16 dense matmuls take the BLAS's fastest kernel for each call's row count
-    # (layers/row_invariant.py: faster at a few rows on float weights). Packed int4 / int8 weights are
-    # batch-invariant either way.
+    # chunking, prefix-cache hits, speculation or the thread count (docs/llm.md: what is reproduced). False
+    # lets each CPU matmul call's row count pick its kernel (layers/row_invariant.py) and the Triton attention
+    # pick its tile from the batch: no faster on the CPUs measured (bench/results/llm_batch_invariance.md),
+    # kept for GPUs, where the tile choice has not been timed yet.
     deterministic: bool = True
     # Prompt-lookup speculative decoding: drafts per decoding request and step (0 = off); n-gram sizes
     # matched against the request's own tokens; adaptive: draft only where the measured step cost says the

@@ -88,7 +88,8 @@ class CausalLM(nn.Module):
         ``weights``: the form of the projections, LM head and embeddings (``quant/policy.py``; ``fp32``: dense
         in ``dtype``). Packed forms are CPU kernels: on another device ``auto`` means dense, and the packed
         modes are refused. ``progress(done, total)`` is called before each tensor is converted.
-        ``row_invariant`` (CPU): dense matmuls compute each row as in any batch (``layers/row_invariant.py``). Consumes
+        ``row_invariant`` (CPU): dense matmuls compute each row as in any batch (``layers/row_invariant.py``;
+        False: as the call's row count picks). Consumes
         ``tensors`` (the dict is emptied, one tensor at a time) so that no second
         copy of the weights stays alive.
         """
@@ -155,8 +156,8 @@ class CausalLM(nn.Module):
                 _swap_in(model, module_name, weight, dtype)
         if exact_head is not None:
             model.lm_head = RescoredHead(model.lm_head, exact_head)  # type: ignore[assignment]
-        if row_invariant and torch.device(device).type == "cpu":
-            make_row_invariant(model)
+        if torch.device(device).type == "cpu":
+            make_row_invariant(model, pad_rows=row_invariant)
         for rope in model.ropes:
             cos, sin = rope_tables(rope, cfg.head_dim, cfg.max_position_embeddings, max_model_len)
             model.rope_cos.append(cos.to(device, dtype))

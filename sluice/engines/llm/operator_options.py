@@ -102,8 +102,7 @@ class LLMOptions(BaseModel):
     """The shortest n-gram matched in the prompt to find a draft."""
     deterministic: bool = _ENGINE.deterministic
     """A record's answer never depends on the records it is batched with, on chunking, caching, speculation or
-    threads (see the LLM guide for what is reproduced); `false` trades that for speed on float weights at
-    small batches."""
+    threads (see the LLM guide for what is reproduced); `false` lets each step's shape pick the kernels."""
 
     @model_validator(mode="after")
     def _ngram_range(self) -> LLMOptions:

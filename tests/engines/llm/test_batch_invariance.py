@@ -81,7 +81,7 @@ def _shuffled_among(prompts: list[Prompt], others: list[Prompt], seed: int) -> t
     params and where each of ``_requests(prompts)`` went."""
     mine, mine_params = _requests(prompts)
     items = [(p, sp, j) for j, (p, sp) in enumerate(zip(mine, mine_params, strict=True))]
-    items += [(p, _params(p, False), -1) for p in others]
+    items += [(p, SamplingParams(max_tokens=16, ignore_eos=True), -1) for p in others]  # they share steps
     random.Random(seed).shuffle(items)
     where = {j: k for k, (_, _, j) in enumerate(items) if j >= 0}
     return [p for p, _, _ in items], [sp for _, sp, _ in items], [where[j] for j in range(len(mine))]
@@ -130,7 +130,7 @@ def test_smollm2_default_weights_answer_each_prompt_as_alone(smollm2: Case, scen
 
 
 @pytest.mark.slow
-@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     seed=st.integers(0, 2**16),
     chunk=st.sampled_from([16, 48, 512]),

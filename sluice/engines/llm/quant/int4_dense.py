@@ -13,8 +13,9 @@ Guarantees:
   uses the unrounded float32 weight, so the two differ by about one bf16 rounding of each weight (relative
   ~2**-9), well inside int4's own error -- but they differ, which is why the engine routes rows by what
   they are (prompt positions) and never by how many share a step (``layers/quantized.py``).
-* A row's result does not depend on the other rows of the call: a single row is computed as two (oneDNN's
-  one-row path sums in another order), and the slicing depends on the weight's shape only.
+* A row's result does not depend on the other rows of the call: the rows are padded to a multiple of four
+  (``layers/row_invariant.py``: oneDNN's GEMM sums a single row in another order), and the slicing depends
+  on the weight's shape only.
 * Memory: one scratch slice of at most ``SLICE_BYTES`` (plus a 64-row tile) per thread that calls it, kept
   for reuse -- a fresh buffer per call would pay its page faults every time.
 """
@@ -26,6 +27,7 @@ import threading
 import torch
 
 from sluice.engines.llm.kernels import native_cpu
+from sluice.engines.llm.layers.row_invariant import padded_rows
 from sluice.engines.llm.quant.packed import COMPUTE_DTYPE, Int4Weight
 
 SLICE_BYTES = 8 << 20  # bf16 scratch per slice: rows of the weight dequantised at a time
@@ -55,9 +57,9 @@ def dense_matmul(weight: Int4Weight, x: torch.Tensor) -> torch.Tensor:
     """``x @ W.T`` for ``x`` ``(rows, in_features)`` through bf16 slices of ``W``; ``(rows, out_features)``
     bf16. Call only where :func:`available`."""
     x = x.to(COMPUTE_DTYPE).contiguous()
-    single = x.shape[0] == 1
-    if single:
-        x = x.expand(2, -1).contiguous()
+    rows = x.shape[0]
+    if padded_rows(rows) != rows:
+        x = torch.cat([x, x.new_zeros(padded_rows(rows) - rows, x.shape[1])])
     k, n_out, padded = weight.in_features, weight.out_features, weight.packed.shape[0]
     step = slice_rows(k)
     y = torch.empty(x.shape[0], n_out, dtype=COMPUTE_DTYPE) if n_out > step else None
@@ -71,4 +73,4 @@ def dense_matmul(weight: Int4Weight, x: torch.Tensor) -> torch.Tensor:
         else:
             y[:, start : start + part.shape[1]] = part
     assert y is not None
-    return y[:1] if single else y
+    return y[:rows]
