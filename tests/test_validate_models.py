@@ -159,7 +159,7 @@ def test_a_model_that_is_not_here_is_a_warning_that_it_could_not_be_checked(tmp_
 
 def test_validate_gives_the_reason_sluice_run_stops_with(tmp_path: Path) -> None:
     """Not a second copy of the rules: the engine's start refuses the same model with the same words."""
-    hf_dir(tmp_path / "models" / "gemma", dict(TINY_GEMMA2, hidden_activation="relu"))
+    hf_dir(tmp_path / "models" / "gemma", dict(TINY_GEMMA2, hidden_activation="gelu_new"))
     path = pipeline(tmp_path, "type: llm, model: models/gemma, max_tokens: 4")
     validated = validate(path)
     run = subprocess.run([*SLUICE, "--log-level", "error", "run", str(path)], capture_output=True, text=True,
@@ -167,7 +167,7 @@ def test_validate_gives_the_reason_sluice_run_stops_with(tmp_path: Path) -> None
     assert validated.returncode == 1 and run.returncode == 1, (validated.stderr, run.stderr)
     [line] = validated.stderr.splitlines()
     reason = line.removeprefix(f"{path}: engine.model: ")
-    assert "activation 'relu' is not supported" in reason
+    assert "hidden_activation 'gelu_new' is not supported" in reason
     assert f"sluice: cannot start: engine 'llm': {reason}" in run.stderr
 
 
@@ -195,14 +195,20 @@ def test_validate_imports_no_torch(tmp_path: Path) -> None:
     ({"model_type": "falcon"}, "model_type 'falcon' is not supported"),
     ({"architectures": ["MyForCausalLM"], "auto_map": {"AutoModelForCausalLM": "modeling_my.MyForCausalLM"}},
      "never a model directory's code"),
-    (dict(TINY_GEMMA2, hidden_activation="relu"), "activation 'relu' is not supported"),
+    (dict(TINY_GEMMA2, hidden_activation="gelu_new"), "hidden_activation 'gelu_new' is not supported"),
+    (dict(TINY_LLAMA, hidden_act="relu2"), "hidden_act 'relu2' is not supported"),
+    (dict(TINY_LLAMA, architectures=["Qwen3ForSequenceClassification"], model_type="qwen3"),
+     "'Qwen3ForSequenceClassification' is a task head, not a causal LM: the llm engine runs LlamaForCausalLM"),
+    (dict(TINY_LLAMA, quantization_config={"quant_method": "awq", "bits": 4}), "(quant_method 'awq') is not supported"),
+    (dict(TINY_LLAMA, architectures=["Qwen2ForCausalLM"], model_type="qwen2", layer_types=["linear_attention"]),
+     "layer_types ['linear_attention'] are not supported"),
     (dict(TINY_LLAMA, rope_scaling={"rope_type": "mrope", "factor": 2.0}), "rope scaling 'mrope' is not supported"),
     (dict(TINY_LLAMA, num_key_value_heads=3), "must be a multiple of num_kv_heads"),
     ({k: v for k, v in TINY_LLAMA.items() if k != "num_attention_heads"},
      "config.json has no 'num_attention_heads', which a llama model needs"),
     (dict(TINY_GEMMA2, use_bidirectional_attention=True), "use an encoder engine"),
-], ids=["architecture", "model-type", "custom-code", "activation", "rope-scaling", "shape", "missing-key",
-        "bidirectional"])
+], ids=["architecture", "model-type", "custom-code", "activation", "llama-activation", "task-head", "prequantised",
+        "layer-type", "rope-scaling", "shape", "missing-key", "bidirectional"])
 def test_what_config_json_says_is_refused_in_one_line(tmp_path: Path, config: dict[str, Any], reason: str) -> None:
     hf_dir(tmp_path / "model", config)
     result = check(pipeline(tmp_path, "type: llm, model: model, max_tokens: 4"))

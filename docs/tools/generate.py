@@ -222,9 +222,13 @@ def families_md() -> str:
            "# LLM model families", "",
            "The families Sluice's LLM engine implements. A Hugging Face directory is matched by its "
            "`config.json`'s first `architectures` entry, then its `model_type`; a GGUF file by "
-           "`general.architecture`. Anything else is refused at start in one line. "
+           "`general.architecture`. Anything else is refused at start in one line, and so is a config field whose "
+           "value the family's code does not compute (an activation, a layer type, pre-quantised weights). "
            "How to run one: [The LLM engine](../llm.md).", "",
-           "| family | Hugging Face architectures | `model_type` | GGUF architecture |", "|---|---|---|---|"]
+           "| family | models | what differs from a Llama |", "|---|---|---|"]
+    out += [f"| {f.name} | {f.models} | {f.differs} |" for f in FAMILIES]
+    out += ["", "## How a checkpoint picks its family", "",
+            "| family | Hugging Face architectures | `model_type` | GGUF architecture |", "|---|---|---|---|"]
     for family in FAMILIES:
         cells = [", ".join(f"`{name}`" for name in names) or "—"
                  for names in (family.hf_architectures, family.hf_model_types, family.gguf_architectures)]

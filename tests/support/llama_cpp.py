@@ -42,8 +42,21 @@ def converter_dir(cache_dir: Path | None = None) -> Path:
 
 # Runs the converter once per job in one child process: torch, transformers and the converter's modules are
 # imported once, not once per model (seconds each on a 2-core runner).
+#
+# The converter writes some families' vocabularies only as byte-level BPE with a pre-tokenizer it knows by the
+# hash of its output (OLMo 2); the tiny models' SentencePiece tokenizers are none of those, so an unknown one is
+# written as llama.cpp's "default" split. Only that label changes: tensors and metadata are the converter's.
 _DRIVER = """
 import runpy, sys
+sys.path.insert(0, TOOL)
+from conversion import base
+_known_pre = base.TextModel.get_vocab_base_pre
+def _pre_or_default(self, tokenizer):
+    try:
+        return _known_pre(self, tokenizer)
+    except NotImplementedError:
+        return "default"
+base.TextModel.get_vocab_base_pre = _pre_or_default
 for args in sys.argv[1:]:
     sys.argv = ["convert_hf_to_gguf.py", *args.split("\\x1f")]
     runpy.run_path(SCRIPT, run_name="__main__")
@@ -62,7 +75,7 @@ def convert_many(jobs: list[tuple[Path, Path, bool]]) -> None:
     for hf_dir, out_file, vocab_only in jobs:
         argv = [str(hf_dir), "--outtype", "f32", "--outfile", str(out_file)] + (["--vocab-only"] if vocab_only else [])
         args.append("\x1f".join(argv))  # one argument per job: the unit separator cannot occur in paths here
-    driver = _DRIVER.replace("SCRIPT", repr(str(tool / "convert_hf_to_gguf.py")))
+    driver = _DRIVER.replace("SCRIPT", repr(str(tool / "convert_hf_to_gguf.py"))).replace("TOOL", repr(str(tool)))
     proc = subprocess.run([sys.executable, "-c", driver, *args], env=env, capture_output=True, text=True,
                           timeout=900)  # fmt: skip
     missing = [str(out) for _, out, _ in jobs if not out.is_file()]

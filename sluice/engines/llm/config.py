@@ -6,7 +6,8 @@ one-line errors.
 
 One ``ModelConfig`` describes every supported decoder: a Llama is the all-defaults case, and each family
 sets the few fields where it differs (biases, q/k norms, Gemma's (1 + w) norms and sandwich norms, sliding
-windows, soft-capping, rope scaling, partial rotary).
+windows, soft-capping, rope scaling, partial rotary, Granite's multipliers, SmolLM3's layers without rotary,
+OLMo 2's post-norms with q/k norms across heads).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ DTypeName = Literal["auto", "float32", "float16", "bfloat16"]
 WEIGHT_MODES: tuple[str, ...] = get_args(WeightMode)
 DTYPE_NAMES: tuple[str, ...] = get_args(DTypeName)
 ROPE_SCALINGS = ("default", "linear", "dynamic", "llama3", "longrope", "yarn")
-ACTIVATIONS = ("silu", "gelu_tanh", "gelu")
+ACTIVATIONS = ("silu", "gelu_tanh", "gelu", "relu")
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,18 +88,34 @@ class ModelConfig:
     tie_word_embeddings: bool = False
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
-    hidden_act: str = "silu"  # gate activation of the MLP: silu, gelu_tanh, gelu
+    hidden_act: str = "silu"  # gate activation of the MLP: silu, gelu_tanh, gelu, relu
     qkv_bias: bool = False  # biases on the q/k/v projections (Qwen2)
     o_bias: bool = False  # bias on the output projection
     mlp_bias: bool = False  # biases on gate/up/down
     qk_norm: bool = False  # RMSNorm over head_dim on q and k before rotary (Qwen3, Gemma 3)
+    qk_norm_across_heads: bool = False  # OLMo 2: the q and k norms span all heads (q_proj's whole output)
     gemma_norms: bool = False  # every norm is Gemma's: (1 + w) * x in fp32, then cast
+    norms_cast_after: bool = False  # OLMo 2: every norm is w * x in fp32, then cast (Llama's casts first)
     sandwich_norms: bool = False  # Gemma 2/3: post-attention and pre/post-feedforward norms
     embed_scale: float | None = None  # multiply embeddings by this (Gemma: sqrt(hidden_size))
     query_pre_attn_scalar: float | None = None  # attention scale = this ** -0.5 (None: head_dim)
     attn_logit_softcap: float | None = None  # scores -> cap * tanh(scores / cap) (Gemma 2)
     final_logit_softcap: float | None = None  # logits -> cap * tanh(logits / cap) (Gemma 2)
     sliding_windows: tuple[int | None, ...] = ()  # per layer: keys within this many positions; () = none
+    rotary_layers: tuple[bool, ...] = ()  # per layer: whether q and k are rotated (SmolLM3's NoPE); () = all
+    attention_multiplier: float | None = None  # attention scale itself (Granite), overriding the above
+    embedding_multiplier: float | None = None  # embeddings times this float (Granite; unlike embed_scale,
+    # not rounded to the weights' dtype first)
+    residual_multiplier: float | None = None  # each block's output times this before the residual add (Granite)
+    logits_divisor: float | None = None  # logits / this (Granite's logits_scaling)
+    # sparse mixture of experts (Qwen3-MoE, Mixtral): each token's MLP is the weighted sum of the top
+    # num_experts_per_tok of num_experts gated MLPs of width moe_intermediate_size, weighted by the softmax of
+    # the router's logits over all experts (renormalised over the chosen ones when norm_topk_prob)
+    num_experts: int = 0  # 0 = a dense model
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = True
+    sparse_layers: tuple[bool, ...] = ()  # per layer: experts (True) or the dense MLP; () = experts everywhere
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
@@ -118,7 +135,16 @@ class ModelConfig:
             raise ValueError(f"sliding_windows has {len(self.sliding_windows)} entries for {self.num_layers} layers")
         if any(w is not None and w < 1 for w in self.sliding_windows):
             raise ValueError(f"sliding windows must be >= 1, got {self.sliding_windows}")
-        for name in ("attn_logit_softcap", "final_logit_softcap"):
+        if self.num_experts and not 1 <= self.num_experts_per_tok <= self.num_experts:
+            raise ValueError(f"num_experts_per_tok must be in [1, {self.num_experts}], got {self.num_experts_per_tok}")
+        if self.num_experts and self.moe_intermediate_size < 1:
+            raise ValueError(f"moe_intermediate_size must be >= 1, got {self.moe_intermediate_size}")
+        if self.sparse_layers and len(self.sparse_layers) != self.num_layers:
+            raise ValueError(f"sparse_layers has {len(self.sparse_layers)} entries for {self.num_layers} layers")
+        if self.rotary_layers and len(self.rotary_layers) != self.num_layers:
+            raise ValueError(f"rotary_layers has {len(self.rotary_layers)} entries for {self.num_layers} layers")
+        for name in ("attn_logit_softcap", "final_logit_softcap", "attention_multiplier", "embedding_multiplier",
+                     "residual_multiplier", "logits_divisor"):  # fmt: skip
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ValueError(f"{name} must be > 0 or null, got {value}")
@@ -126,7 +152,17 @@ class ModelConfig:
     @property
     def attn_scale(self) -> float:
         """Softmax scale of the attention scores."""
+        if self.attention_multiplier is not None:
+            return self.attention_multiplier
         return (self.query_pre_attn_scalar or self.head_dim) ** -0.5
+
+    def has_experts(self, layer: int) -> bool:
+        """Whether ``layer``'s MLP is the sparse mixture of experts (else the dense gated MLP)."""
+        return self.num_experts > 0 and (self.sparse_layers[layer] if self.sparse_layers else True)
+
+    def rotates(self, layer: int) -> bool:
+        """Whether ``layer`` applies the rotary embedding to q and k (False: SmolLM3's NoPE layers)."""
+        return self.rotary_layers[layer] if self.rotary_layers else True
 
     def sliding_window(self, layer: int) -> int | None:
         """Keys a query of ``layer`` sees (its own position and ``window - 1`` before it); None = all."""

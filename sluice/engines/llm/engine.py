@@ -29,6 +29,7 @@ Not thread-safe: one thread drives ``add_request`` / ``step`` / ``abort``.
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -53,6 +54,8 @@ from sluice.engines.llm.tokenizer import ChatTokenizer
 from sluice.engines.start_log import StartLog
 
 _GRAMMAR_WAIT_S = 0.01  # a step with nothing to compute waits this long for a grammar, instead of spinning
+
+log = logging.getLogger(__name__)
 
 
 class LLM:
@@ -88,6 +91,9 @@ class LLM:
             self.config.max_model_len or model_config.max_context_len,
             model_config.max_context_len,
         )
+        if self.max_model_len < (self.config.max_model_len or 0):
+            log.warning("max_model_len %d is more than the model's context of %d tokens; using %d",
+                        self.config.max_model_len, model_config.max_context_len, self.max_model_len)  # fmt: skip
         if resolve_device_dtype(self.config)[0].type == "cpu" and native_cpu.enabled():
             with start.phase("native CPU kernels ready") as phase:  # compiled here at the first start (logged)
                 phase.detail = "available" if native_cpu.load() is not None else "unavailable: the torch path"

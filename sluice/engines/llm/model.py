@@ -53,7 +53,7 @@ class CausalLM(nn.Module):
         self.max_model_len = max_model_len
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(layer_cls(cfg, i) for i in range(cfg.num_layers))
-        self.norm = make_norm(cfg.hidden_size, cfg.rms_norm_eps, cfg.gemma_norms)
+        self.norm = make_norm(cfg.hidden_size, cfg)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
@@ -151,6 +151,10 @@ class CausalLM(nn.Module):
             raise ValueError(f"weights do not match the model: missing {missing}, unexpected {unexpected}")
         if dense_tied:
             model.lm_head.weight = model.embed_tokens.weight
+        for module in model.modules():
+            finish = getattr(module, "finish_loading", None)
+            if finish is not None:  # a layer keeping its weights in another layout than the checkpoint's
+                finish()
         for module_name, weight in packed.items():
             if not isinstance(weight, torch.Tensor):
                 _swap_in(model, module_name, weight, dtype)
@@ -188,6 +192,8 @@ class CausalLM(nn.Module):
         h = self.embed_tokens(input_ids)  # (num_tokens, hidden)
         if self.embed_scale is not None:
             h = h * self.embed_scale
+        if self.config.embedding_multiplier is not None:
+            h = h * self.config.embedding_multiplier
         rotary = []
         for rope, cos, sin in zip(self.ropes, self.rope_cos, self.rope_sin, strict=True):
             rows = positions
@@ -210,6 +216,8 @@ class CausalLM(nn.Module):
             logits = torch.matmul(self.lm_head.weight, h.T).T.float()  # (num_samples, vocab)
         else:
             logits = self.lm_head(h).float()
+        if self.config.logits_divisor is not None:
+            logits = logits / self.config.logits_divisor
         cap = self.config.final_logit_softcap
         if cap is not None:
             logits = torch.tanh(logits / cap) * cap

@@ -69,6 +69,19 @@ PRESETS: dict[str, dict[str, Any]] = {
         rope_parameters=dict(rope_type="longrope", rope_theta=10000.0, partial_rotary_factor=0.75,
                              short_factor=[1.0, 1.05, 1.1, 1.3, 1.6, 2.0], long_factor=[1.0, 1.5, 2.5, 4.0, 6.0, 9.0]),
     ),
+    "tiny-granite": dict(
+        model_type="granite", num_hidden_layers=3, embedding_multiplier=6.0, attention_multiplier=0.1,
+        residual_multiplier=0.3, logits_scaling=4.0, **{**_TINY, "head_dim": None},
+    ),
+    # layers 4 and 8 without rotary (NoPE)
+    "tiny-smollm3": dict(model_type="smollm3", num_hidden_layers=8, tie_word_embeddings=True,
+                         **{**_TINY, "head_dim": None}),
+    # 6 experts of width 32, 2 per token: short prompts use most of them
+    "tiny-qwen3_moe": dict(model_type="qwen3_moe", num_hidden_layers=3, num_experts=6, num_experts_per_tok=2,
+                           moe_intermediate_size=32, norm_topk_prob=True, **{**_TINY, "head_dim": 32}),
+    "tiny-mixtral": dict(model_type="mixtral", num_hidden_layers=3, num_local_experts=4, num_experts_per_tok=2,
+                         **{**_TINY, "intermediate_size": 48}),
+    "tiny-olmo2": dict(model_type="olmo2", num_hidden_layers=3, rms_norm_eps=1e-6, **{**_TINY, "head_dim": None}),
 }  # fmt: skip
 
 

@@ -9,8 +9,10 @@ views of the mapped file). The model converts each into its final form one at a 
 the family's :class:`WeightNames`:
 
 * the decoder's name prefix is stripped (``model.``; ``model.language_model.`` in multimodal checkpoints,
-  whose vision towers are skipped), and q/k/v and gate/up rows (weights and biases) are concatenated into
-  the fused projections;
+  whose vision towers are skipped), the family's renames applied (Mixtral's ``block_sparse_moe.experts.N.w1``
+  is ``mlp.experts.N.gate_proj``), and q/k/v and gate/up rows (weights and biases) are concatenated into
+  the fused projections; the experts of a mixture-of-experts layer are stacked into one
+  ``(experts, out, in)`` tensor per projection (llama.cpp's GGUF files store them stacked already);
 * Gemma norms become ``1 + w`` (HF stores ``w``; llama.cpp's GGUF already stores ``1 + w``);
 * GGUF tensors are renamed from llama.cpp's names; for the ``llama`` architecture the Q/K rows are put back
   into HF's rotary layout (llama.cpp's converter permutes them so that each head's two rotary halves are
@@ -42,6 +44,7 @@ _GGUF_NAMES = {
 _GGUF_CONFIG_ONLY = ("rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight")
 _GGUF_LAYER_RE = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
 _FUSABLE_RE = re.compile(r"^(.*)\.(\w+)\.(weight|bias)$")
+_EXPERT_RE = re.compile(r"^(.*\.experts)\.(\d+)\.(\w+)\.weight$")
 
 
 def load_weights(path: str | Path, gguf_file: GGUFFile | None = None) -> tuple[ModelConfig, dict[str, Source]]:
@@ -82,6 +85,8 @@ def _hf_name(family: ModelFamily, name: str) -> str | None:
     names = family.weights
     if any(s in name for s in names.skipped):
         return None
+    for old, new in names.hf_renames:
+        name = name.replace(old, new)
     if name in names.hf_lm_head:
         return "lm_head.weight"
     for prefix in names.hf_prefixes:
@@ -105,6 +110,23 @@ def fuse(family: ModelFamily, tensors: dict[str, Source]) -> dict[str, Source]:
         if set(parts) != set(order):
             raise ValueError(f"{module}: found {sorted(parts)} of {list(order)}; the checkpoint is incomplete")
         tensors[f"{module}.{fused}.{kind}"] = _cat_rows([parts[p] for p in order])
+    return stack_experts(tensors)
+
+
+def stack_experts(tensors: dict[str, Source]) -> dict[str, Source]:
+    """``<layer>.experts.<i>.<proj>.weight`` of every expert ``i`` -> one ``<layer>.experts.<proj>.weight``
+    ``(experts, out, in)``, in expert order; the parts are removed from ``tensors``."""
+    groups: dict[tuple[str, str], dict[int, Source]] = {}
+    for name in list(tensors):
+        m = _EXPERT_RE.match(name)
+        if m is not None:
+            groups.setdefault((m.group(1), m.group(3)), {})[int(m.group(2))] = tensors.pop(name)
+    for (module, proj), experts in groups.items():
+        if sorted(experts) != list(range(len(experts))):
+            raise ValueError(f"{module}.{proj}: experts {sorted(experts)} are not 0..{len(experts) - 1}")
+        parts = [experts[i] for i in range(len(experts))]
+        tensors[f"{module}.{proj}.weight"] = torch.stack([p.to_float() if isinstance(p, GGUFRows) else p
+                                                          for p in parts])  # fmt: skip
     return tensors
 
 
@@ -116,7 +138,8 @@ def _cat_rows(parts: list[Source]) -> Source:
             return cat_rows(rows)
     floats = [p.to_float() if isinstance(p, GGUFRows) else p for p in parts]
     dtype = floats[0].dtype if len({f.dtype for f in floats}) == 1 else torch.float32
-    return torch.cat([f.to(dtype) for f in floats], dim=0)
+    # along the output features: rows of a matrix, of each expert's matrix in a stack (experts, out, in)
+    return torch.cat([f.to(dtype) for f in floats], dim=1 if floats[0].dim() == 3 else 0)
 
 
 # ---------------------------------------------------------------- GGUF

@@ -94,10 +94,10 @@ def family_prompts(vocab_size: int) -> list[list[int]]:
 @pytest.fixture(scope="session")
 def tiny_family_dir(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
     """Factory: ``tiny_family_dir(family, **config_overrides)`` -> its HF directory (built once per args)."""
-    made: dict[tuple[str, tuple[tuple[str, object], ...]], Path] = {}
+    made: dict[tuple[str, str], Path] = {}
 
     def make(family: str, **overrides: object) -> Path:
-        key = (family, tuple(sorted(overrides.items())))
+        key = (family, repr(sorted(overrides.items())))  # values may be lists
         if key not in made:
             made[key] = save_tiny_model(tmp_path_factory.mktemp(f"tiny-{family}"), family, **overrides)
         return made[key]
@@ -127,10 +127,10 @@ def hf_greedy(tiny_family_dir: Callable[..., Path]) -> Callable[..., list[list[i
     time, no EOS) for ``family_prompts`` of the tiny model: the reference every parity test compares with."""
     from transformers import AutoModelForCausalLM
 
-    done: dict[tuple[str, tuple[tuple[str, object], ...]], list[list[int]]] = {}
+    done: dict[tuple[str, str], list[list[int]]] = {}
 
     def get(family: str, **overrides: object) -> list[list[int]]:
-        key = (family, tuple(sorted(overrides.items())))
+        key = (family, repr(sorted(overrides.items())))
         if key not in done:
             hf = AutoModelForCausalLM.from_pretrained(tiny_family_dir(family, **overrides), dtype=torch.float32)
             outputs = []

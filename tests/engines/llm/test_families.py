@@ -6,7 +6,9 @@ llama3 rope scaling with a 32-token original context (Llama), a 12-token sliding
 (Mistral), q/k/v biases and tied embeddings (Qwen2), q/k norms with head_dim != hidden / heads (Qwen3),
 soft-capped scores and logits and a 10-token window on alternate layers (Gemma 2), q/k norms, 5 local : 1
 global layers with separate rope thetas and linear scaling on the global ones (Gemma 3), fused
-checkpoints, partial rotary and LongRoPE switching at 32 tokens plus a 24-token window (Phi-3). Prompts are
+checkpoints, partial rotary and LongRoPE switching at 32 tokens plus a 24-token window (Phi-3), all four
+multipliers (Granite), two layers of eight without rotary (SmolLM3), post-norms and q/k norms across heads
+(OLMo 2), 2 of 6 experts per token (Qwen3-MoE) and 2 of 4 (Mixtral). Prompts are
 5-60 tokens, 28 tokens are generated (so every prompt crosses the windows and most cross the rope contexts).
 
 Sluice must produce exactly HF's tokens with each scheduling feature off, with each on alone and with all
@@ -43,6 +45,7 @@ FEATURES: dict[str, dict[str, Any]] = {
                 num_speculative_tokens=3, speculative_adaptive=False),
 }  # fmt: skip
 SOURCES = [(f, "hf") for f in FAMILIES] + [(f, "gguf") for f in GGUF_FAMILIES]
+READ_FROM_GGUF_AS = {"mixtral": "llama"}  # llama.cpp's converter writes Mixtral as a llama with experts
 
 
 def _engine(path: Path, options: dict[str, Any]) -> LLM:
@@ -85,7 +88,7 @@ def test_greedy_tokens_equal_hf(
 ) -> None:  # fmt: skip
     path = tiny_family_dir(family) if source == "hf" else tiny_family_gguf(family)
     llm = _engine(path, FEATURES[feature])
-    assert llm.model_config.architecture == family
+    assert llm.model_config.architecture == (READ_FROM_GGUF_AS.get(family, family) if source == "gguf" else family)
     _check_greedy(llm, family_prompts(llm.model_config.vocab_size), hf_greedy(family), feature)
 
 
@@ -98,3 +101,29 @@ def test_gemma2_query_pre_attn_scalar_other_than_head_dim(
     assert llm.model_config.attn_scale == pytest.approx(40**-0.5)
     _check_greedy(llm, family_prompts(llm.model_config.vocab_size), hf_greedy("gemma2", query_pre_attn_scalar=40),
                   "plain")  # fmt: skip
+
+
+@pytest.mark.parametrize(("family", "activation"), [("llama", "gelu"), ("qwen3", "gelu_pytorch_tanh"),
+                                                    ("mistral", "relu"), ("phi3", "silu")])  # fmt: skip
+def test_the_mlp_runs_the_activation_the_config_names(
+    family: str, activation: str, tiny_family_dir: Callable[..., Path], hf_greedy: Callable[..., list[list[int]]]
+) -> None:
+    """Every family reads hidden_act (it once ran SiLU whatever a Llama-shaped config said)."""
+    path = tiny_family_dir(family, hidden_act=activation)
+    llm = _engine(path, OFF)
+    expected = hf_greedy(family, hidden_act=activation)
+    _check_greedy(llm, family_prompts(llm.model_config.vocab_size), expected, "plain")
+
+
+@pytest.mark.parametrize("overrides", [
+    dict(norm_topk_prob=False, mlp_only_layers=[1]),  # HF's default routing; a dense layer among sparse ones
+    dict(decoder_sparse_step=2, use_sliding_window=True, sliding_window=10),  # every other layer sparse
+], ids=["unnormalised-dense-layer", "sparse-step-window"])  # fmt: skip
+def test_qwen3_moe_layouts_from_hf(
+    overrides: dict[str, Any], tiny_family_dir: Callable[..., Path], hf_greedy: Callable[..., list[list[int]]]
+) -> None:
+    """Qwen3-MoE's other layouts, with every scheduling feature on (llama.cpp writes neither to GGUF)."""
+    path = tiny_family_dir("qwen3_moe", **overrides)
+    llm = _engine(path, FEATURES["all"])
+    assert llm.model_config.num_experts == 6
+    _check_greedy(llm, family_prompts(llm.model_config.vocab_size), hf_greedy("qwen3_moe", **overrides), "all")

@@ -12,11 +12,13 @@ from torch import nn
 from sluice.engines.llm.config import ModelConfig
 from sluice.engines.llm.kernels import native_cpu
 
-# HF's names: silu (Llama, Qwen, Mistral, Phi-3), gelu_pytorch_tanh (Gemma), gelu (exact erf)
+# by ModelConfig's names: silu (HF's silu / swish), gelu_tanh (HF's gelu_pytorch_tanh, Gemma), gelu (exact erf),
+# relu
 ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "silu": F.silu,
     "gelu_tanh": functools.partial(F.gelu, approximate="tanh"),
     "gelu": F.gelu,
+    "relu": F.relu,
 }
 
 

@@ -60,7 +60,7 @@ class NativeDecodeLayers:
            ) -> NativeDecodeLayers | None:  # fmt: skip
         """The native stack for a model's decoder ``layers`` (with the rotary table of each, ``layer_rope``)
         over ``kv_caches``, or None where some layer is not the case it computes exactly (another layer type
-        or norm, biases, q/k norms, a soft-cap, another activation, weights that are not int4, caches that are
+        or norm, biases, q/k norms, a layer without rotary, a soft-cap, another activation, experts, weights that are not int4, caches that are
         not bf16, several rotary tables) or the native int4 kernel is not built here."""
         if not native_cpu.int4_matmul_usable() or len(set(layer_rope)) != 1:
             return None
@@ -72,11 +72,13 @@ class NativeDecodeLayers:
             if type(layer) is not LlamaDecoderLayer:
                 return None
             attn, mlp = layer.self_attn, layer.mlp
-            assert isinstance(attn, SelfAttention) and isinstance(mlp, GatedMLP)
+            if not isinstance(mlp, GatedMLP):  # experts
+                return None
+            assert isinstance(attn, SelfAttention)
             norms = _norm_weight(layer.input_layernorm), _norm_weight(layer.post_attention_layernorm)
             weights = _int4(attn.qkv_proj), _int4(attn.o_proj), _int4(mlp.gate_up_proj), _int4(mlp.down_proj)
             if (any(n is None for n in norms) or any(w is None for w in weights) or attn.q_norm is not None
-                    or attn.params.softcap is not None or mlp.act is not F.silu
+                    or not attn.rotates or attn.params.softcap is not None or mlp.act is not F.silu
                     or k_cache.dtype != torch.bfloat16 or not (k_cache.is_contiguous() and v_cache.is_contiguous())):  # fmt: skip
                 return None
             in_norm, post_norm = layer.input_layernorm, layer.post_attention_layernorm

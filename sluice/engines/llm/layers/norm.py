@@ -1,5 +1,6 @@
-"""RMSNorm in its two flavours: Llama's (``w * x``, cast before the multiply) and Gemma's (``(1 + w) * x``
-in fp32, cast after), each matching its HF transformers module operation by operation.
+"""RMSNorm in its three flavours: Llama's (``w * x``, cast before the multiply), OLMo 2's (``w * x`` in fp32,
+cast after) and Gemma's (``(1 + w) * x`` in fp32, cast after), each matching its HF transformers module
+operation by operation.
 
 Where the arithmetic is the same, torch's fused ``F.rms_norm`` computes it in one call instead of six
 (``x * rsqrt(mean(x^2) + eps) * w`` in fp32: bit for bit HF's for float32 inputs, and for Gemma's
@@ -14,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sluice.engines.llm.config import ModelConfig
 from sluice.engines.llm.kernels import native_cpu
 
 
@@ -37,12 +39,11 @@ class RMSNorm(nn.Module):
         return self.weight * self.normalized(x).to(x.dtype)
 
 
-class GemmaRMSNorm(RMSNorm):
-    """Gemma 2 / 3: normalise and scale by ``1 + w`` in fp32, then cast.
+class CastAfterRMSNorm(RMSNorm):
+    """OLMo 2: normalise and scale by ``w`` in fp32, then cast.
 
-    ``weight`` holds ``1 + w`` already (computed in fp32 at load time: HF checkpoints store ``w``, llama.cpp's
-    GGUF files store ``1 + w``), and stays fp32 whatever the model's dtype (``FP32_PARAMS``), so that the
-    product is HF's ``x_fp32 * (1.0 + w.float())`` exactly.
+    ``weight`` stays fp32 whatever the model's dtype (``FP32_PARAMS``): a bf16 checkpoint's values converted
+    exactly, so the product is HF's ``w * x_fp32`` (which promotes ``w`` to fp32) exactly.
     """
 
     FP32_PARAMS = ("weight",)
@@ -51,5 +52,19 @@ class GemmaRMSNorm(RMSNorm):
         return F.rms_norm(x.float(), self.weight.shape, self.weight, self.eps).to(x.dtype)
 
 
-def make_norm(size: int, eps: float, gemma: bool) -> nn.Module:
-    return GemmaRMSNorm(size, eps) if gemma else RMSNorm(size, eps)
+class GemmaRMSNorm(CastAfterRMSNorm):
+    """Gemma 2 / 3: normalise and scale by ``1 + w`` in fp32, then cast.
+
+    ``weight`` holds ``1 + w`` already (computed in fp32 at load time: HF checkpoints store ``w``, llama.cpp's
+    GGUF files store ``1 + w``), kept in fp32 as OLMo 2's, so that the product is HF's
+    ``x_fp32 * (1.0 + w.float())`` exactly.
+    """
+
+
+def make_norm(size: int, cfg: ModelConfig) -> nn.Module:
+    """The norm of ``cfg``'s family over ``size`` features."""
+    if cfg.gemma_norms:
+        return GemmaRMSNorm(size, cfg.rms_norm_eps)
+    if cfg.norms_cast_after:
+        return CastAfterRMSNorm(size, cfg.rms_norm_eps)
+    return RMSNorm(size, cfg.rms_norm_eps)

@@ -1,7 +1,8 @@
 """Self-attention over the paged KV cache, shared by every family.
 
-One fused Q/K/V matmul (with biases when the family has them), optional per-head q/k RMSNorm before the
-rotary (Qwen3, Gemma 3), rotary on the first ``rotary_dim`` dims, then :func:`store_and_attend` with this
+One fused Q/K/V matmul (with biases when the family has them), optional q/k RMSNorm before the rotary (per
+head: Qwen3, Gemma 3; across heads: OLMo 2), rotary on the first ``rotary_dim`` dims (none on SmolLM3's NoPE
+layers), then :func:`store_and_attend` with this
 layer's :class:`AttentionParams` (scale, sliding window, logit soft-cap), then the output projection.
 Without q/k norms the query and key heads are rotated in one call (the same arithmetic per element: the
 rotation does not mix heads), which halves the rotary's operations per layer.
@@ -28,8 +29,11 @@ class SelfAttention(nn.Module):
         self.kv_size = cfg.num_kv_heads * cfg.head_dim
         self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.qkv_bias)
         self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=cfg.o_bias)
-        self.q_norm = make_norm(cfg.head_dim, cfg.rms_norm_eps, cfg.gemma_norms) if cfg.qk_norm else None
-        self.k_norm = make_norm(cfg.head_dim, cfg.rms_norm_eps, cfg.gemma_norms) if cfg.qk_norm else None
+        self.qk_norm_across_heads = cfg.qk_norm_across_heads
+        q_width, k_width = (self.q_size, self.kv_size) if cfg.qk_norm_across_heads else (self.head_dim, self.head_dim)
+        self.q_norm = make_norm(q_width, cfg) if cfg.qk_norm else None
+        self.k_norm = make_norm(k_width, cfg) if cfg.qk_norm else None
+        self.rotates = cfg.rotates(layer)
         self.params = AttentionParams(cfg.attn_scale, cfg.sliding_window(layer), cfg.attn_logit_softcap)
 
     def forward(
@@ -44,9 +48,16 @@ class SelfAttention(nn.Module):
         qkv = self.qkv_proj(x)  # (n, q_size + 2 * kv_size)
         if self.q_norm is not None and self.k_norm is not None:
             q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-            q = self.q_norm(q.view(n, self.num_heads, self.head_dim))
-            k = self.k_norm(k.view(n, self.num_kv_heads, self.head_dim))
-            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+            if self.qk_norm_across_heads:  # OLMo 2: one norm over every head's features
+                q, k = self.q_norm(q), self.k_norm(k)
+            q, k = q.reshape(n, self.num_heads, self.head_dim), k.reshape(n, self.num_kv_heads, self.head_dim)
+            if not self.qk_norm_across_heads:
+                q, k = self.q_norm(q), self.k_norm(k)
+            if self.rotates:
+                q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        elif not self.rotates:
+            q = qkv[:, : self.q_size].view(n, self.num_heads, self.head_dim)
+            k = qkv[:, self.q_size : self.q_size + self.kv_size].view(n, self.num_kv_heads, self.head_dim)
         else:
             qk = qkv[:, : self.q_size + self.kv_size].view(n, self.num_heads + self.num_kv_heads, self.head_dim)
             q, k = apply_rotary(qk, cos, sin).split([self.num_heads, self.num_kv_heads], dim=1)

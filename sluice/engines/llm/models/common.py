@@ -41,6 +41,11 @@ GGUF_LLAMA_LAYER_NAMES: Mapping[str, str] = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
+    # mixture-of-experts layers (Qwen3-MoE; Mixtral, which llama.cpp writes as a llama): stacked experts
+    "ffn_gate_inp": "mlp.gate",
+    "ffn_gate_exps": "mlp.experts.gate_proj",
+    "ffn_up_exps": "mlp.experts.up_proj",
+    "ffn_down_exps": "mlp.experts.down_proj",
 }
 
 
@@ -53,6 +58,7 @@ class WeightNames:
     hf_prefixes: tuple[str, ...] = ("model.",)
     hf_lm_head: tuple[str, ...] = ("lm_head.weight",)  # names of the LM head in HF checkpoints
     skipped: tuple[str, ...] = ("rotary_emb.inv_freq",)  # substrings of tensor names that are not loaded
+    hf_renames: tuple[tuple[str, str], ...] = ()  # (old, new) substrings of HF tensor names, in order
     gguf_layer_names: Mapping[str, str] = field(default_factory=lambda: GGUF_LLAMA_LAYER_NAMES)
     gguf_permute_qk: bool = False  # llama.cpp's Llama converter interleaves Q/K rows; undo it
     hf_norm_plus_one: bool = False  # Gemma: HF stores w of a (1 + w) norm; the model keeps 1 + w
@@ -70,6 +76,9 @@ class ModelFamily:
     config_from_gguf: Callable[[GGUFMetadata], ModelConfig] | None
     decoder_layer: str  # its block: a key of layers/decoder.py's DECODER_LAYERS ("llama", "gemma")
     weights: WeightNames = WeightNames()
+    # for the docs' families table (docs/reference/families.md is generated from these)
+    models: str = ""  # the published models it runs ("Llama 2 / 3.x, SmolLM2")
+    differs: str = ""  # what differs from a Llama
 
 
 class GGUFMetadata:
@@ -110,9 +119,35 @@ def eos_ids(value: Any) -> tuple[int, ...]:
     return tuple(int(v) for v in value) if isinstance(value, (list, tuple)) else (int(value),)
 
 
+# HF's activation names (transformers' ACT2FN) -> ModelConfig's; another name is refused
+HF_ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh",
+                  "gelu": "gelu", "relu": "relu"}  # fmt: skip
+
+
+def hf_activation(cfg: dict[str, Any], default: str = "silu") -> str:
+    """The MLP's activation: ``hidden_activation`` (Gemma's key) or ``hidden_act``; ValueError if unknown."""
+    key = "hidden_activation" if cfg.get("hidden_activation") else "hidden_act"
+    name = cfg.get(key) or default
+    if name not in HF_ACTIVATIONS:
+        raise ValueError(f"config.json: {key} {name!r} is not supported (supported: {', '.join(HF_ACTIVATIONS)})")
+    return HF_ACTIVATIONS[name]
+
+
+def refuse_prequantized(cfg: dict[str, Any]) -> None:
+    """A directory of GPTQ / AWQ / FP8 / bitsandbytes weights holds tensors no family's layers read."""
+    quant = cfg.get("quantization_config")
+    if quant:
+        method = quant.get("quant_method", "?") if isinstance(quant, dict) else "?"
+        raise ValueError(f"config.json: quantization_config (quant_method {method!r}) is not supported: the llm "
+                         "engine reads unquantised HF weights (weights: int8 / int4 quantise them at load) "
+                         "or GGUF files")  # fmt: skip
+
+
 def hf_base(cfg: dict[str, Any], architecture: str, **defaults: Any) -> dict[str, Any]:
     """The fields every family reads the same way from a HF config, as ``ModelConfig`` keyword arguments;
-    ``defaults``: the family's HF config-class defaults for keys a config may omit."""
+    ``defaults``: the family's HF config-class defaults for keys a config may omit. Refuses an unknown
+    activation and pre-quantised weights."""
+    refuse_prequantized(cfg)
     cfg = {"rms_norm_eps": 1e-6, "max_position_embeddings": 2048, **defaults, **cfg}
     num_heads = int(cfg["num_attention_heads"])
     return dict(
@@ -127,6 +162,7 @@ def hf_base(cfg: dict[str, Any], architecture: str, **defaults: Any) -> dict[str
         rms_norm_eps=float(cfg["rms_norm_eps"]),
         max_position_embeddings=int(cfg["max_position_embeddings"]),
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        hidden_act=hf_activation(cfg),
         bos_token_id=cfg.get("bos_token_id"),
         eos_token_ids=eos_ids(cfg.get("eos_token_id")),
     )
@@ -175,12 +211,17 @@ def hf_sliding_windows(
     cfg: dict[str, Any], num_layers: int, window: Any, sliding: Callable[[int], bool]
 ) -> tuple[int | None, ...]:
     """Per-layer windows: from ``layer_types`` when the config lists them, else ``sliding(layer)``."""
-    if window is None:
-        return ()
     types = cfg.get("layer_types")
     if types:
         if len(types) != num_layers:
             raise ValueError(f"layer_types has {len(types)} entries for {num_layers} layers")
+        unknown = sorted(set(types) - {"sliding_attention", "full_attention"})
+        if unknown:
+            raise ValueError(f"config.json: layer_types {unknown} are not supported "
+                             "(supported: sliding_attention, full_attention)")  # fmt: skip
+    if window is None:
+        return ()
+    if types:
         flags = [t == "sliding_attention" for t in types]
     else:
         flags = [sliding(i) for i in range(num_layers)]

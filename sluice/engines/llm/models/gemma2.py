@@ -26,8 +26,6 @@ from sluice.engines.llm.models.common import (
     hf_sliding_windows,
 )
 
-HF_ACTIVATIONS = {"gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh", "gelu": "gelu", "silu": "silu"}
-
 # llama.cpp's names for Gemma's four norms (its ffn_norm is the pre-feedforward norm here)
 GGUF_GEMMA_LAYER_NAMES = {
     **GGUF_LLAMA_LAYER_NAMES,
@@ -37,22 +35,15 @@ GGUF_GEMMA_LAYER_NAMES = {
 }
 
 
-def hf_activation(cfg: dict[str, Any]) -> str:
-    name = cfg.get("hidden_activation") or cfg.get("hidden_act") or "gelu_pytorch_tanh"
-    if name not in HF_ACTIVATIONS:
-        raise ValueError(f"activation {name!r} is not supported (supported: {', '.join(HF_ACTIVATIONS)})")
-    return HF_ACTIVATIONS[name]
-
-
 def hf_gemma_base(cfg: dict[str, Any], architecture: str, max_position_embeddings: int) -> dict[str, Any]:
     """What Gemma 2 and 3 read alike, with HF's config-class defaults for the keys a config omits."""
-    cfg = {"head_dim": 256, "tie_word_embeddings": True, **cfg}
+    cfg = {"head_dim": 256, "tie_word_embeddings": True, "hidden_activation": "gelu_pytorch_tanh", **cfg}
     base = hf_base(cfg, architecture, max_position_embeddings=max_position_embeddings)
     bias = bool(cfg.get("attention_bias", False))
     if cfg.get("use_bidirectional_attention"):
         raise ValueError("bidirectional Gemma (an embedding model) is not a causal LM; use an encoder engine")
     return dict(
-        **base, hidden_act=hf_activation(cfg), gemma_norms=True, sandwich_norms=True, qkv_bias=bias, o_bias=bias,
+        **base, gemma_norms=True, sandwich_norms=True, qkv_bias=bias, o_bias=bias,
         embed_scale=float(base["hidden_size"]) ** 0.5,
         query_pre_attn_scalar=float(cfg.get("query_pre_attn_scalar", 256)),
     )  # fmt: skip
@@ -98,4 +89,9 @@ FAMILY = ModelFamily(
     config_from_gguf=config_from_gguf,
     decoder_layer="gemma",
     weights=GEMMA_WEIGHTS,
+    models="Gemma 2",
+    differs=(
+        "(1 + w) norms, pre and post norms, scaled embeddings, GeGLU, `query_pre_attn_scalar`, attention "
+        "and final-logit soft-caps, windows on alternate layers"
+    ),
 )

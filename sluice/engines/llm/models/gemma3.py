@@ -89,4 +89,9 @@ FAMILY = ModelFamily(
         hf_lm_head=("lm_head.weight", "language_model.lm_head.weight"),
         skipped=("rotary_emb.inv_freq", "vision_tower", "multi_modal_projector"),
     ),
+    models="Gemma 3 (text; also the text half of `Gemma3ForConditionalGeneration`)",
+    differs=(
+        "as Gemma 2 without soft-caps, plus q/k norms, 5 local to 1 global layers, local and global rope "
+        "thetas"
+    ),
 )

@@ -4,7 +4,7 @@ Beyond the plain block, HF's ``LlamaForCausalLM`` has ``llama3`` rope scaling (f
 factors, original context; also linear, dynamic and yarn), tied embeddings (Llama 3.2 1B/3B), optional
 ``attention_bias`` (q/k/v/o) and ``mlp_bias``. In GGUF (architecture ``llama``) llama.cpp's converter
 permutes the Q/K rows into interleaved rotary pairs, which the loader undoes, and stores llama3 scaling as a
-``rope_freqs`` tensor of per-frequency divisors.
+``rope_freqs`` tensor of per-frequency divisors. Mixtral is a ``llama`` GGUF with experts (``expert_count``).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from sluice.engines.llm.models.common import (
     hf_base,
     hf_rope,
 )
+from sluice.engines.llm.models.qwen3_moe import gguf_experts
 
 
 def config_from_hf(cfg: dict[str, Any]) -> ModelConfig:
@@ -36,7 +37,7 @@ def config_from_gguf(meta: GGUFMetadata) -> ModelConfig:
     freq_factors = meta.tensor("rope_freqs.weight")
     if freq_factors is not None:
         rope = replace(rope, freq_factors=tuple(float(f) for f in freq_factors))
-    return ModelConfig(**base, rope=rope)
+    return ModelConfig(**base, rope=rope, **gguf_experts(meta, base["num_layers"]))  # experts: a Mixtral
 
 
 FAMILY = ModelFamily(
@@ -48,4 +49,9 @@ FAMILY = ModelFamily(
     config_from_gguf=config_from_gguf,
     decoder_layer="llama",
     weights=WeightNames(gguf_permute_qk=True),
+    models="Llama 2 / 3.x, SmolLM2",
+    differs=(
+        "(the reference) rope scaling `llama3` / `linear` / `dynamic` / `yarn`; tied embeddings (3.2 "
+        "1B/3B); optional attention and MLP biases"
+    ),
 )

@@ -16,7 +16,7 @@ from sluice.engines.llm.models.common import ModelFamily, hf_base, hf_rope, hf_s
 
 def config_from_hf(cfg: dict[str, Any]) -> ModelConfig:
     base = hf_base(cfg, "mistral", max_position_embeddings=4096 * 32)
-    windows = hf_sliding_windows(cfg, base["num_layers"], cfg.get("sliding_window"), lambda _layer: True)
+    windows = hf_sliding_windows(cfg, base["num_layers"], cfg.get("sliding_window", 4096), lambda _layer: True)
     return ModelConfig(**base, rope=hf_rope(cfg), sliding_windows=windows)
 
 
@@ -28,4 +28,6 @@ FAMILY = ModelFamily(
     config_from_hf=config_from_hf,
     config_from_gguf=None,
     decoder_layer="llama",
+    models="Mistral 7B and its fine-tunes",
+    differs="a sliding window on every layer",
 )

@@ -27,6 +27,7 @@ from sluice.engines.llm.models.common import (
 
 
 def config_from_hf(cfg: dict[str, Any]) -> ModelConfig:
+    cfg = {"original_max_position_embeddings": 4096, **cfg}  # HF's Phi3Config default
     base = hf_base(cfg, "phi3", rms_norm_eps=1e-5, max_position_embeddings=4096)
     params = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
     if params.get("rope_type", params.get("type")) in ("su", "yarn"):  # HF's Phi3Config maps both to longrope
@@ -66,4 +67,6 @@ FAMILY = ModelFamily(
     decoder_layer="llama",
     # already fused in the checkpoints; llama.cpp keeps gate+up fused in ffn_up
     weights=WeightNames(packed={}, gguf_layer_names={**GGUF_LLAMA_LAYER_NAMES, "ffn_up": "mlp.gate_up_proj"}),
+    models="Phi-3 / 3.5, Phi-4-mini, Phi-4",
+    differs="fused qkv and gate_up checkpoints, LongRoPE, partial rotary, optional window",
 )

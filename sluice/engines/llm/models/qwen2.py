@@ -47,4 +47,6 @@ FAMILY = ModelFamily(
     config_from_hf=config_from_hf,
     config_from_gguf=config_from_gguf,
     decoder_layer="llama",
+    models="Qwen2 / Qwen2.5",
+    differs="q/k/v biases; optional windows (`use_sliding_window`)",
 )

@@ -16,7 +16,7 @@ from sluice.engines.llm.models.qwen2 import hf_qwen_windows
 
 
 def config_from_hf(cfg: dict[str, Any]) -> ModelConfig:
-    base = hf_base(cfg, "qwen3", max_position_embeddings=32768)
+    base = hf_base(cfg, "qwen3", max_position_embeddings=32768, head_dim=128)
     bias = bool(cfg.get("attention_bias", False))
     return ModelConfig(**base, rope=hf_rope(cfg), qk_norm=True, qkv_bias=bias, o_bias=bias,
                        sliding_windows=hf_qwen_windows(cfg, base["num_layers"]))  # fmt: skip
@@ -37,4 +37,6 @@ FAMILY = ModelFamily(
     config_from_hf=config_from_hf,
     config_from_gguf=config_from_gguf,
     decoder_layer="llama",
+    models="Qwen3 (dense)",
+    differs="per-head q/k RMSNorm; `head_dim` independent of the hidden size",
 )

@@ -11,7 +11,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from sluice.engines.llm.models import gemma2, gemma3, llama, mistral, phi3, qwen2, qwen3
+from sluice.engines.llm.models import (
+    gemma2,
+    gemma3,
+    granite,
+    llama,
+    mistral,
+    mixtral,
+    olmo2,
+    phi3,
+    qwen2,
+    qwen3,
+    qwen3_moe,
+    smollm3,
+)
 from sluice.engines.llm.models.common import ModelFamily
 
 FAMILIES: tuple[ModelFamily, ...] = (
@@ -22,6 +35,11 @@ FAMILIES: tuple[ModelFamily, ...] = (
     gemma2.FAMILY,
     gemma3.FAMILY,
     phi3.FAMILY,
+    granite.FAMILY,
+    smollm3.FAMILY,
+    olmo2.FAMILY,
+    qwen3_moe.FAMILY,
+    mixtral.FAMILY,
 )
 
 
@@ -40,12 +58,24 @@ def family_named(name: str) -> ModelFamily:
     raise ValueError(f"unknown model family {name!r} (known: {', '.join(f.name for f in FAMILIES)})")
 
 
+# heads of an encoder-style task on a decoder body: the llm engine generates text, these do not
+_TASK_HEADS = {"ForSequenceClassification": "text-classification", "ForTokenClassification": "token-classification",
+               "ForQuestionAnswering": None}  # fmt: skip
+
+
 def family_for_hf(cfg: dict[str, Any]) -> ModelFamily:
-    """The family of a HF ``config.json``: by architecture, else by model_type; ValueError if neither."""
+    """The family of a HF ``config.json``: by architecture, else by model_type; ValueError if neither, or if
+    the architecture is a task head (``Qwen3ForSequenceClassification``) on a supported body."""
     archs = cfg.get("architectures") or []
     for family in FAMILIES:
         if archs and archs[0] in family.hf_architectures:
             return family
+    for head, task in _TASK_HEADS.items():
+        if archs and archs[0].endswith(head):
+            instead = (f"; run it with engine onnx or torch and task: {task}" if task
+                       else "; no Sluice task runs this head")  # fmt: skip
+            raise ValueError(f"architecture {archs[0]!r} is a task head, not a causal LM: the llm engine runs "
+                             f"{supported_hf()}{instead}")  # fmt: skip
     model_type = cfg.get("model_type")
     for family in FAMILIES:
         if model_type in family.hf_model_types:
