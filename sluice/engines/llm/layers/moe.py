@@ -9,7 +9,9 @@ The experts' weights are two stacked tensors, ``gate_up_proj.weight`` ``(experts
 ``down_proj.weight`` ``(experts, hidden, width)`` (HF's layout; a checkpoint's per-expert matrices are stacked
 at load, ``weights.py``), transposed once loaded so that each is one ``(experts, in, out)`` operand of
 ``torch.nn.functional.grouped_mm``: the ``tokens * k`` rows, sorted by expert, are multiplied in one call per
-projection (a CUTLASS grouped GEMM on Hopper; a loop in C++ on the CPU), never a Python loop over experts.
+projection (a loop in C++ on the CPU), never a Python loop over experts. Where the attention takes the
+Triton kernels (CUDA), the experts do too (``kernels/triton_moe.py``: the rows sorted and padded per
+expert into blocks, one launch per projection).
 An expert's output is weighted by its routing weight and the ``k`` outputs of a token are added in the
 order of their expert ids, as HF's ``index_add_`` over the experts in turn adds them.
 
@@ -25,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from sluice.engines.llm.config import ModelConfig
+from sluice.engines.llm.kernels import kernel_path
 from sluice.engines.llm.layers.mlp import ACTIVATIONS
 
 
@@ -85,15 +88,21 @@ class SparseMoE(nn.Module):
         n, k = x.shape[0], self.top_k
         weights, ids = self.route(x)
         flat = ids.reshape(-1)  # (tokens * k,) token-major
-        by_expert = torch.argsort(flat, stable=True)
-        offsets = torch.bincount(flat, minlength=self.num_experts).cumsum(0).to(torch.int32)
-        rows = x.index_select(0, by_expert // k)  # (tokens * k, hidden), grouped by expert
-        experts = self.experts
-        gate_up = F.grouped_mm(rows, experts.gate_up_proj.weight.to(x.dtype), offs=offsets)
-        gate, up = gate_up.split(experts.width, dim=-1)
-        out = F.grouped_mm(self.act(gate) * up, experts.down_proj.weight.to(x.dtype), offs=offsets)
-        per_slot = torch.empty_like(out).index_copy_(0, by_expert, out).view(n, k, -1)  # back to token-major
-        per_slot = per_slot * weights.unsqueeze(-1)
+        gate_up_w = self.experts.gate_up_proj.weight.to(x.dtype)
+        down_w = self.experts.down_proj.weight.to(x.dtype)
+        if kernel_path(x) == "triton":  # one kernel per projection, rows sorted by expert inside
+            from sluice.engines.llm.kernels.triton_moe import grouped_matmul
+
+            gate, up = grouped_matmul(x, gate_up_w, flat, k).split(self.experts.width, dim=-1)
+            out = grouped_matmul(self.act(gate) * up, down_w, flat, 1)  # (tokens * k, hidden) token-major
+        else:
+            by_expert = torch.argsort(flat, stable=True)
+            offsets = torch.bincount(flat, minlength=self.num_experts).cumsum(0).to(torch.int32)
+            rows = x.index_select(0, by_expert // k)  # (tokens * k, hidden), grouped by expert
+            gate, up = F.grouped_mm(rows, gate_up_w, offs=offsets).split(self.experts.width, dim=-1)
+            grouped = F.grouped_mm(self.act(gate) * up, down_w, offs=offsets)
+            out = torch.empty_like(grouped).index_copy_(0, by_expert, grouped)  # back to token-major
+        per_slot = out.view(n, k, -1) * weights.unsqueeze(-1)
         total = per_slot[:, 0]
         for slot in range(1, k):  # in expert-id order, as HF adds them
             total = total + per_slot[:, slot]

@@ -21,6 +21,7 @@ if os.environ.get("TRITON_INTERPRET") != "1":
 from sluice.engines.llm import LLM, SamplingParams, kernels  # noqa: E402
 from sluice.engines.llm.kernels import reference  # noqa: E402
 from sluice.engines.llm.kernels.synthetic import LAYOUTS, WINDOWED_LAYOUTS, Layout, make_batch  # noqa: E402
+from sluice.engines.llm.kernels.triton_moe import grouped_matmul, reference_grouped_matmul  # noqa: E402
 from sluice.engines.llm.kernels.triton_paged_attention import paged_attention  # noqa: E402
 from sluice.engines.llm.kernels.triton_store_kv import store_kv  # noqa: E402
 from tests.engines.llm.conftest import FAMILY_NEW_TOKENS, family_prompts  # noqa: E402
@@ -77,12 +78,33 @@ def test_store_kv_with_an_odd_head_layout() -> None:
     assert torch.equal(k_cache, k_ref) and torch.equal(v_cache, v_ref)
 
 
-@pytest.mark.parametrize("family", ["gemma2", "mistral"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+@pytest.mark.parametrize(("tokens", "top_k", "rows_per_input", "block_m"), [
+    (1, 2, 2, 16),  # a decode row: two experts, most blocks absent
+    (13, 3, 3, 16),  # gate/up of a prompt chunk: each token read three times
+    (40, 1, 1, 32),  # down: one input row per output row; groups longer than a block
+], ids=["decode", "gate-up", "down"])  # fmt: skip
+def test_moe_grouped_matmul_matches_reference(
+    dtype: torch.dtype, tokens: int, top_k: int, rows_per_input: int, block_m: int
+) -> None:
+    gen = torch.Generator().manual_seed(tokens)
+    num_experts, d_in, d_out = 7, 48, 80  # neither a multiple of the tiles
+    rows = tokens * top_k
+    ids = torch.randint(0, num_experts - 1, (rows,), generator=gen)  # the last expert is never chosen
+    a = torch.randn(rows // rows_per_input, d_in, generator=gen).to(dtype)
+    w = (torch.randn(num_experts, d_in, d_out, generator=gen) / d_in**0.5).to(dtype)
+    got = grouped_matmul(a, w, ids, rows_per_input, block_m=block_m)
+    torch.testing.assert_close(got, reference_grouped_matmul(a, w, ids, rows_per_input), atol=TOLERANCES[dtype],
+                               rtol=TOLERANCES[dtype])  # fmt: skip
+
+
+@pytest.mark.parametrize("family", ["gemma2", "mistral", "qwen3_moe"])
 def test_engine_through_the_kernels_equals_hf(family: str, tiny_family_dir: Callable[..., Path],
                                               hf_greedy: Callable[..., list[list[int]]],
                                               monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
-    """Sliding windows (Mistral: every layer; Gemma 2: alternate layers) and Gemma 2's soft-capped scores
-    through the Triton kernels, end to end: greedy tokens equal HF's, speculative verifies included."""
+    """Sliding windows (Mistral: every layer; Gemma 2: alternate layers), Gemma 2's soft-capped scores and
+    Qwen3-MoE's experts through the Triton kernels, end to end: greedy tokens equal HF's, speculative verifies
+    included."""
     monkeypatch.setenv("SLUICE_KERNELS", "triton")
     llm = LLM(tiny_family_dir(family), enable_prefix_caching=False, num_speculative_tokens=2,
               speculative_adaptive=False)  # fmt: skip

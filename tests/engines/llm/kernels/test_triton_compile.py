@@ -21,6 +21,7 @@ try:
 except ImportError:  # the ahead-of-time API moved: the CUDA tests still cover compilation on a GPU
     pytest.skip("this triton has no ASTSource/GPUTarget", allow_module_level=True)
 
+from sluice.engines.llm.kernels.triton_moe import _grouped_matmul_kernel  # noqa: E402
 from sluice.engines.llm.kernels.triton_paged_attention import _paged_attention_kernel  # noqa: E402
 from sluice.engines.llm.kernels.triton_store_kv import _store_kv_kernel  # noqa: E402
 
@@ -67,3 +68,14 @@ def test_store_kv_compiles_for_sm90() -> None:
     sig = _signature(_store_kv_kernel, ptrs | {"slot_ptr": "*i64"}, constexprs)
     compiled = triton.compile(ASTSource(_store_kv_kernel, sig, constexprs=constexprs), target=SM90)
     assert compiled.asm.get("cubin")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("dtype", "block_m", "precision"), [("bf16", 16, None), ("fp16", 64, None), ("fp32", 16, "ieee")])
+def test_moe_grouped_matmul_compiles_for_sm90(dtype: str, block_m: int, precision: str | None) -> None:
+    ptrs = {name: f"*{dtype}" for name in ("a_ptr", "w_ptr", "out_ptr")} | {"rows_ptr": "*i32", "block_expert_ptr": "*i32"}
+    constexprs = dict(BLOCK_M=block_m, BLOCK_N=64, BLOCK_K=32, DOT_PRECISION=precision)
+    sig = _signature(_grouped_matmul_kernel, ptrs, constexprs)
+    compiled = triton.compile(ASTSource(_grouped_matmul_kernel, sig, constexprs=constexprs), target=SM90)
+    assert compiled.asm.get("cubin")
+    assert 0 < compiled.metadata.shared <= MAX_SHARED_BYTES
