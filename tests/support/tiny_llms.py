@@ -23,7 +23,7 @@ from sluice.engines.llm.random_models import save_random_model
 from tests.support.texts import varied_texts
 
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "granite", "smollm3", "olmo2",
-            "qwen3_moe", "mixtral")
+            "qwen3_moe", "mixtral", "gpt_oss")
 TOKENIZER_STYLE = {"gemma2": "gemma", "gemma3": "gemma"}  # the others: "llama"
 WEIGHT_STD = 0.15
 

@@ -34,18 +34,19 @@ from sluice.engines.llm.attention_short import (
     plan_short_queries,
 )
 from sluice.engines.llm.kernels import native_cpu
-from sluice.engines.llm.kernels.torch_ops import attend
+from sluice.engines.llm.kernels.torch_ops import attend, sinks_by_group, sinks_by_row
 
 Window = int | None  # a sliding window in positions; None = full causal attention
 
 
 @dataclass(frozen=True, slots=True)
 class AttentionParams:
-    """How one layer attends: its softmax scale, sliding window and score soft-cap."""
+    """How one layer attends: its softmax scale, sliding window, score soft-cap and sinks."""
 
     scale: float
     sliding_window: int | None = None  # keys at positions > query position - window; None = all
     softcap: float | None = None  # scores -> softcap * tanh(scores / softcap); None = off
+    sinks: torch.Tensor | None = None  # (num_heads,) gpt-oss: a logit per head joining the softmax; no value
 
 
 @dataclass(slots=True)
@@ -199,6 +200,7 @@ def store_and_attend(
         return kernels.paged_attention(
             query, k_cache, v_cache, meta.block_tables, meta.query_start_loc, meta.seq_lens, params.scale,
             sliding_window=params.sliding_window, softcap=params.softcap, fixed_tiles=meta.fixed_tiles,
+            sinks=params.sinks,
         )  # fmt: skip
     return _cpu_store_and_attend(query, key, value, k_cache, v_cache, meta.slot_mapping, meta.cpu_plan, params)
 
@@ -218,7 +220,7 @@ def _cpu_store_and_attend(
         return _native_decode(query, key, value, k_cache, v_cache, slot_mapping, plan.row_blocks, plan.row_lens,
                               params).to(model_dtype)  # fmt: skip
     native = (plan.decode_rows is not None and kv_dtype in native_cpu.DTYPES and k_cache.is_contiguous()
-              and v_cache.is_contiguous() and native_cpu.usable())
+              and v_cache.is_contiguous() and params.sinks is None and native_cpu.usable())
     if native and plan.decode_only:  # the common step: one native call stores and attends every row
         return _native_decode(query, key, value, k_cache, v_cache, slot_mapping, *_decode_table(plan),
                               params).to(model_dtype)  # fmt: skip
@@ -227,7 +229,7 @@ def _cpu_store_and_attend(
     num_tokens, num_heads, head_dim = query.shape
     num_kv_heads = k_cache.shape[2]
     group = num_heads // num_kv_heads
-    window, scale, softcap = params.sliding_window, params.scale, params.softcap
+    window, scale, softcap, sinks = params.sliding_window, params.scale, params.softcap, params.sinks
     k_flat = k_cache.view(-1, num_kv_heads, head_dim)  # (num_slots, num_kv_heads, head_dim)
     v_flat = v_cache.view(-1, num_kv_heads, head_dim)
     k_flat.index_copy_(0, slot_mapping, key)
@@ -245,7 +247,8 @@ def _cpu_store_and_attend(
         shape = (n, -1, num_kv_heads, head_dim)  # (n, max_blocks * block_size, num_kv_heads, head_dim)
         k = k_cache.index_select(0, plan.decode_blocks).view(shape).transpose(1, 2)
         v = v_cache.index_select(0, plan.decode_blocks).view(shape).transpose(1, 2)
-        o = attend(q, k, v, plan.decode_masks[window], scale, softcap).reshape(n, num_heads, head_dim)
+        sink = None if sinks is None else sinks_by_row(sinks, num_kv_heads)
+        o = attend(q, k, v, plan.decode_masks[window], scale, softcap, sinks=sink).reshape(n, num_heads, head_dim)
         if plan.decode_only:  # every row is a decode, in order: no scatter
             return o if o.dtype == model_dtype else o.to(model_dtype)
         out = torch.empty_like(query)
@@ -253,14 +256,15 @@ def _cpu_store_and_attend(
     else:
         out = torch.empty_like(query)
     if plan.short is not None:
-        attend_short(query, k_cache, v_cache, plan.short, params.sliding_window, params.scale, params.softcap, out)
+        attend_short(query, k_cache, v_cache, plan.short, window, scale, softcap, out, sinks)
     for p in plan.prefills:
         q = query[p.q_start : p.q_end].transpose(0, 1).unsqueeze(0)  # (1, num_heads, q_len, head_dim)
         k = k_cache.index_select(0, p.blocks).view(-1, num_kv_heads, head_dim)[: p.kv_len]
         v = v_cache.index_select(0, p.blocks).view(-1, num_kv_heads, head_dim)[: p.kv_len]
         k = k.transpose(0, 1).unsqueeze(0)  # (1, num_kv_heads, kv_len, head_dim)
         v = v.transpose(0, 1).unsqueeze(0)
-        o = attend(q, k, v, p.masks[window], scale, softcap, causal=p.masks[window] is None)
+        sink = None if sinks is None else sinks_by_group(sinks, num_kv_heads)
+        o = attend(q, k, v, p.masks[window], scale, softcap, causal=p.masks[window] is None, sinks=sink)
         out[p.q_start : p.q_end] = o.squeeze(0).transpose(0, 1)
     return out if out.dtype == model_dtype else out.to(model_dtype)
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from sluice.engines.llm.kernels.torch_ops import attend
+from sluice.engines.llm.kernels.torch_ops import attend, sinks_by_row
 
 MAX_BATCHED_QUERY_LEN = 8  # sequences with 2..this many new tokens share one attention call per layer
 
@@ -72,6 +72,7 @@ def attend_short(
     scale: float,
     softcap: float | None,
     out: torch.Tensor,  # (num_tokens, num_heads, head_dim), written at plan.out_rows
+    sinks: torch.Tensor | None = None,  # (num_heads,) per-head softmax sinks
 ) -> None:
     _, num_heads, head_dim = query.shape
     num_kv_heads = k_cache.shape[2]
@@ -85,7 +86,8 @@ def attend_short(
     shape = (n, -1, num_kv_heads, head_dim)  # (n, max_blocks * block_size, num_kv_heads, head_dim)
     k = k_cache.index_select(0, plan.blocks).view(shape).transpose(1, 2)
     v = v_cache.index_select(0, plan.blocks).view(shape).transpose(1, 2)
-    o = attend(q, k, v, mask, scale, softcap)  # (n, kvh, width * group, d)
+    sink = None if sinks is None else sinks_by_row(sinks, num_kv_heads, width)
+    o = attend(q, k, v, mask, scale, softcap, sinks=sink)  # (n, kvh, width * group, d)
     o = o.view(n, num_kv_heads, width, group, head_dim).permute(0, 2, 1, 3, 4).reshape(-1, num_heads, head_dim)
     if plan.valid is not None:
         o = o.index_select(0, plan.valid)

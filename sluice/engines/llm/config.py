@@ -108,6 +108,7 @@ class ModelConfig:
     # not rounded to the weights' dtype first)
     residual_multiplier: float | None = None  # each block's output times this before the residual add (Granite)
     logits_divisor: float | None = None  # logits / this (Granite's logits_scaling)
+    attention_sinks: bool = False  # gpt-oss: a learned logit per head joins each softmax (self_attn.sinks)
     # sparse mixture of experts (Qwen3-MoE, Mixtral): each token's MLP is the weighted sum of the top
     # num_experts_per_tok of num_experts gated MLPs of width moe_intermediate_size, weighted by the softmax of
     # the router's logits over all experts (renormalised over the chosen ones when norm_topk_prob)
@@ -116,6 +117,12 @@ class ModelConfig:
     moe_intermediate_size: int = 0
     norm_topk_prob: bool = True
     sparse_layers: tuple[bool, ...] = ()  # per layer: experts (True) or the dense MLP; () = experts everywhere
+    # gpt-oss's experts: the router has a bias and takes the softmax of the top-k logits only; the experts
+    # have biases and a clamped SwiGLU, (up + 1) * g * sigmoid(alpha * g) with g, up clamped at swiglu_limit
+    router_softmax_after_topk: bool = False
+    moe_bias: bool = False  # biases on the router and on every expert's projections
+    swiglu_limit: float | None = None
+    swiglu_alpha: float = 1.702
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",

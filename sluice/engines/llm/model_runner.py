@@ -223,7 +223,9 @@ class ModelRunner:
         if any(long_rope):
             meta.long_rope = torch.tensor(long_rope, dtype=torch.int64, device=dev)
         if self.use_cpu_attention_plan:
-            per_row = self.kv_dtype in native_cpu.DTYPES and native_cpu.usable()  # batch-invariant attention
+            # batch-invariant attention, where the native kernel computes every layer's (not sinks: gpt-oss)
+            per_row = (self.kv_dtype in native_cpu.DTYPES and not self.model.config.attention_sinks
+                       and native_cpu.usable())  # fmt: skip
             meta.cpu_plan = plan_cpu_attention(query_lens, seq_lens, tables, bs, self.group, self.windows, per_row)
         with dense_rows(RowSplit.of(prompt_row)):
             logits = self.model(

@@ -81,6 +81,12 @@ PRESETS: dict[str, dict[str, Any]] = {
                            moe_intermediate_size=32, norm_topk_prob=True, **{**_TINY, "head_dim": 32}),
     "tiny-mixtral": dict(model_type="mixtral", num_hidden_layers=3, num_local_experts=4, num_experts_per_tok=2,
                          **{**_TINY, "intermediate_size": 48}),
+    # 2 of 6 experts per token, sinks, an 8-token window on alternate layers, yarn over a 32-token context,
+    # the SwiGLU clamp low enough to bite
+    "tiny-gpt_oss": dict(model_type="gpt_oss", num_hidden_layers=4, num_local_experts=6, num_experts_per_tok=2,
+                         sliding_window=8, swiglu_limit=1.5, **_TINY,
+                         rope_parameters=dict(rope_type="yarn", rope_theta=150000.0, factor=8.0, beta_fast=32.0,
+                                              beta_slow=1.0, original_max_position_embeddings=32, truncate=False)),
     "tiny-olmo2": dict(model_type="olmo2", num_hidden_layers=3, rms_norm_eps=1e-6, **{**_TINY, "head_dim": None}),
 }  # fmt: skip
 

@@ -72,7 +72,12 @@ def _safetensors_tensors(checkpoint: Checkpoint) -> dict[str, Source]:
         for name, tensor in load_file(str(f)).items():
             renamed = _hf_name(family, name)
             if renamed is not None:  # matrices stay in the checkpoint's dtype until the model converts them
-                tensors[renamed] = tensor if tensor.dim() >= 2 and tensor.is_floating_point() else tensor.float()
+                keep = (tensor.dim() >= 2 and tensor.is_floating_point()) or tensor.dtype == torch.uint8  # MXFP4
+                tensors[renamed] = tensor if keep else tensor.float()
+    if family.weights.hf_experts == "gpt_oss":
+        from sluice.engines.llm.quant.mxfp4 import gpt_oss_experts
+
+        tensors = gpt_oss_experts(tensors)
     if family.weights.hf_norm_plus_one:
         for name in tensors:
             if name.endswith("norm.weight"):

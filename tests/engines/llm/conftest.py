@@ -25,7 +25,8 @@ from tests.support.tiny_llms import FAMILIES, save_tiny_model
 
 TINY_VOCAB = 256
 FAMILY_NEW_TOKENS = 28
-GGUF_FAMILIES = tuple(f for f in FAMILIES if f != "mistral")  # llama.cpp writes Mistral as a windowless Llama
+# llama.cpp writes Mistral as a windowless Llama; gpt-oss's GGUF (MXFP4 experts) is not read yet
+GGUF_FAMILIES = tuple(f for f in FAMILIES if f not in ("mistral", "gpt_oss"))
 
 
 @pytest.fixture(autouse=True)

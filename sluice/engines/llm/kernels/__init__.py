@@ -97,6 +97,7 @@ def paged_attention(
     sliding_window: int | None = None,  # attend only to the last this-many positions (itself included)
     softcap: float | None = None,  # scores -> softcap * tanh(scores / softcap) before the softmax
     fixed_tiles: bool = False,  # Triton: one tile shape for every batch (batch-invariant rows)
+    sinks: torch.Tensor | None = None,  # (num_heads,) a logit per head joining each row's softmax (gpt-oss)
 ) -> torch.Tensor:
     """Causal attention of every sequence's new tokens over its paged KV (prefill and decode mixed).
 
@@ -109,4 +110,5 @@ def paged_attention(
     path = kernel_path(query)
     extra = {"fixed_tiles": fixed_tiles} if path == "triton" else {}
     return _load(path).paged_attention(query, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale, out,
-                                       sliding_window=sliding_window, softcap=softcap, **extra)  # fmt: skip
+                                       sliding_window=sliding_window, softcap=softcap, sinks=sinks,
+                                       **extra)  # fmt: skip

@@ -39,13 +39,15 @@ def paged_attention(
     *,
     sliding_window: int | None = None,
     softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of each sequence's new tokens over its paged KV, one sequence at a time in fp32.
 
     Query row j of sequence s (q_len rows) sits at position ``seq_lens[s] - q_len + j`` and attends to KV
     positions ``0..`` that position -- with a ``sliding_window`` W only to positions ``> pos - W`` (the last W,
     itself included). Query head h reads KV head ``h // (num_heads // num_kv_heads)``. With ``softcap`` c the
-    scaled scores become ``c * tanh(scores / c)`` before masking and softmax.
+    scaled scores become ``c * tanh(scores / c)`` before masking and softmax. With ``sinks`` (one logit per
+    query head) each row's softmax has one more term, ``exp(sink)``, with no value: attention may go nowhere.
     """
     num_heads = query.shape[1]
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
@@ -74,6 +76,10 @@ def paged_attention(
         if sliding_window is not None:
             hidden |= kv_pos <= q_pos - sliding_window
         scores = scores.masked_fill(hidden, float("-inf"))
-        probs = torch.softmax(scores, dim=-1)
+        if sinks is not None:
+            sink = sinks.float().view(num_heads, 1, 1).expand(num_heads, q_len, 1)
+            probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
+        else:
+            probs = torch.softmax(scores, dim=-1)
         out[q_start:q_end] = torch.einsum("hqk,khd->qhd", probs, v).to(out.dtype)
     return out

@@ -69,23 +69,44 @@ def attend(
     scale: float,
     softcap: float | None = None,
     causal: bool = False,  # with mask None: causal over the last Lq of Lk = Lq positions
+    # a logit per query head joining each row's softmax, with no value (gpt-oss): broadcastable to
+    # (B, Hk, Hq // Hk, Lq, 1), see sinks_by_group / sinks_by_row
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:  # (B, Hq, Lq, D)
-    """Attention with an optional score soft-cap: SDPA without one, explicit matmul + tanh + softmax with it."""
+    """Attention with an optional score soft-cap and attention sinks (gpt-oss): SDPA without either, explicit
+    matmul + tanh + softmax with them."""
     gqa = q.shape[1] != k.shape[1]
-    if softcap is None:
+    if softcap is None and sinks is None:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal and mask is None,
                                               scale=scale, enable_gqa=gqa)  # fmt: skip
     b, hq, lq, d = q.shape
     hk, lk = k.shape[1], k.shape[2]
     qg = q.view(b, hk, hq // hk, lq, d)  # the query heads of each KV head
     scores = torch.matmul(qg, k.unsqueeze(2).transpose(-1, -2)) * scale  # (B, Hk, G, Lq, Lk)
-    scores = torch.tanh(scores / softcap) * softcap
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
     if mask is None and causal:
         mask = torch.ones(lq, lk, dtype=torch.bool, device=q.device).tril(lk - lq)
     if mask is not None:
         scores = scores.masked_fill(~(mask if mask.dim() == 2 else mask.unsqueeze(2)), float("-inf"))
+    if sinks is not None:  # one more column per row: the head's sink, dropped after the softmax
+        sink = sinks.to(scores.dtype).expand(b, hk, hq // hk, lq, 1)
+        probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1, dtype=torch.float32)[..., :-1].to(q.dtype)
+        return torch.matmul(probs, v.unsqueeze(2)).view(b, hq, lq, d)
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
     return torch.matmul(probs, v.unsqueeze(2)).view(b, hq, lq, d)
+
+
+def sinks_by_group(sinks: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
+    """``attend``'s sinks when the query heads are its head dimension: ``(1, Hk, G, 1, 1)``."""
+    return sinks.view(1, num_kv_heads, -1, 1, 1)
+
+
+def sinks_by_row(sinks: torch.Tensor, num_kv_heads: int, width: int = 1) -> torch.Tensor:
+    """``attend``'s sinks when each KV head's query heads are its rows, ``width`` positions of ``G`` heads
+    each (one-token decodes: width 1): ``(1, Hk, 1, width * G, 1)``."""
+    group = sinks.numel() // num_kv_heads
+    return sinks.view(num_kv_heads, 1, group).expand(num_kv_heads, width, group).reshape(1, num_kv_heads, 1, -1, 1)
 
 
 def paged_attention(
@@ -100,6 +121,7 @@ def paged_attention(
     *,
     sliding_window: int | None = None,
     softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal paged attention over mixed decode + prefill sequences; see :func:`.reference.paged_attention`."""
     if out is None:
@@ -116,7 +138,7 @@ def paged_attention(
         seqs = [s for s in by_len if (q_lens[s] == 1) == decode and q_lens[s] > 0]
         for chunk in _chunks(seqs, kv_lens, block_size, bytes_per_pos):
             _attend(query, k_cache, v_cache, block_tables, chunk, starts, q_lens, kv_lens, scale, out, decode,
-                    sliding_window, softcap)
+                    sliding_window, softcap, sinks)
     return out
 
 
@@ -149,6 +171,7 @@ def _attend(
     decode: bool,  # every sequence of `seqs` has exactly one query row
     sliding_window: int | None,
     softcap: float | None,
+    sinks: torch.Tensor | None = None,
 ) -> None:
     """Attend S sequences, padded to their most query rows and longest KV, with one SDPA call."""
     num_seqs = len(seqs)
@@ -176,7 +199,8 @@ def _attend(
         mask = kv_pos < lens[:, None]  # (S, padded_kv)
         if sliding_window is not None:
             mask &= kv_pos >= lens[:, None] - sliding_window
-        o = attend(q, k, v, mask.view(num_seqs, 1, 1, padded_kv), scale, softcap)
+        sink = None if sinks is None else sinks_by_row(sinks, num_kv_heads)
+        o = attend(q, k, v, mask.view(num_seqs, 1, 1, padded_kv), scale, softcap, sinks=sink)
         out.index_copy_(0, rows, o.reshape(num_seqs, num_heads, head_dim).to(out.dtype))
         return
 
@@ -192,7 +216,8 @@ def _attend(
     mask = kv_pos[None, None, :] <= q_pos[:, :, None]  # (S, max_q, padded_kv)
     if sliding_window is not None:
         mask &= kv_pos[None, None, :] > q_pos[:, :, None] - sliding_window
-    o = attend(q, k, v, mask.unsqueeze(1), scale, softcap)  # (S, num_heads, max_q, head_dim)
+    sink = None if sinks is None else sinks_by_group(sinks, num_kv_heads)
+    o = attend(q, k, v, mask.unsqueeze(1), scale, softcap, sinks=sink)  # (S, num_heads, max_q, head_dim)
     o = o.transpose(1, 2).reshape(num_seqs * max_q, num_heads, head_dim)  # (S * max_q, num_heads, head_dim)
     if any(q_lens[s] != max_q for s in seqs):  # drop the padded rows
         keep = (j[None, :] < n_q[:, None]).reshape(-1).nonzero().squeeze(1)

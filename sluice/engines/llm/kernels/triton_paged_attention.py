@@ -33,6 +33,7 @@ _LOG2E = 1.4426950408889634
 @triton.jit
 def _paged_attention_kernel(
     out_ptr, q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, qsl_ptr, seq_lens_ptr,
+    sinks_ptr,  # HAS_SINKS: (num_heads,) fp32, a logit per head that joins the softmax with no value
     qk_scale,  # softmax scale, times log2(e) unless HAS_SOFTCAP: scores are exponentiated with exp2
     softcap,  # HAS_SOFTCAP: scores -> softcap * tanh(scores / softcap)
     sliding_window,  # HAS_WINDOW: a row sees positions > its own - sliding_window
@@ -49,6 +50,7 @@ def _paged_attention_kernel(
     DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 inputs (no TF32 rounding), None otherwise
     HAS_WINDOW: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
 ):
     pid = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -84,8 +86,12 @@ def _paged_attention_kernel(
                 mask=row_ok[:, None] & d_ok[None, :], other=0.0)  # (BLOCK_M, BLOCK_D)
     q_pos = context_len + q_row  # (BLOCK_M,) absolute position of each row
 
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
+    if HAS_SINKS:  # the sink starts the running softmax: its max, and exp2(0) = 1 in the sum
+        m_i = tl.load(sinks_ptr + head).to(tl.float32) * 1.4426950408889634
+        l_i = tl.full([BLOCK_M], 1.0, tl.float32)
+    else:
+        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     # the last row of this block sees positions < kv_end; nothing later is ever loaded
     kv_end = tl.minimum(seq_len, context_len + (q_block + 1) * BLOCK_Q)
@@ -140,6 +146,7 @@ def paged_attention(
     sliding_window: int | None = None,
     softcap: float | None = None,
     fixed_tiles: bool = False,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal paged attention of mixed prefill + decode sequences; see :func:`.reference.paged_attention`.
 
@@ -179,6 +186,7 @@ def paged_attention(
     grid = (num_tokens // block_q + num_seqs, num_kv_heads)
     _paged_attention_kernel[grid](
         out, query, k_cache, v_cache, block_tables, query_start_loc, seq_lens,
+        query if sinks is None else sinks.float().contiguous(),
         scale if softcap is not None else scale * _LOG2E, float(softcap or 0.0), int(sliding_window or 0), num_seqs,
         query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
@@ -188,6 +196,6 @@ def paged_attention(
         GROUP=group, BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=64,
         BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
         DOT_PRECISION="ieee" if query.dtype == torch.float32 else None,
-        HAS_WINDOW=sliding_window is not None, HAS_SOFTCAP=softcap is not None,
+        HAS_WINDOW=sliding_window is not None, HAS_SOFTCAP=softcap is not None, HAS_SINKS=sinks is not None,
     )
     return out

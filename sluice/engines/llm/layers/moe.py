@@ -32,21 +32,23 @@ from sluice.engines.llm.layers.mlp import ACTIVATIONS
 
 
 class Router(nn.Module):
-    """The router's ``(experts, hidden)`` matrix: a parameter, not an ``nn.Linear``, so that the weight
-    policy never packs it (a quantised router would send tokens to other experts)."""
+    """The router's ``(experts, hidden)`` matrix (and gpt-oss's bias): parameters, not an ``nn.Linear``, so
+    that the weight policy never packs them (a quantised router would send tokens to other experts)."""
 
-    def __init__(self, hidden_size: int, num_experts: int) -> None:
+    def __init__(self, hidden_size: int, num_experts: int, bias: bool) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(num_experts, hidden_size))
+        self.bias = nn.Parameter(torch.empty(num_experts)) if bias else None
 
 
 class Stacked(nn.Module):
     """One projection of every expert: ``weight`` ``(experts, out, in)`` as loaded (HF's layout, the
     checkpoint's per-expert matrices stacked), ``(experts, in, out)`` once :meth:`finish_loading` ran."""
 
-    def __init__(self, num_experts: int, out_features: int, in_features: int) -> None:
+    def __init__(self, num_experts: int, out_features: int, in_features: int, bias: bool) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(num_experts, out_features, in_features))
+        self.bias = nn.Parameter(torch.empty(num_experts, out_features)) if bias else None
         self.transposed = False
 
     def finish_loading(self) -> None:
@@ -59,10 +61,10 @@ class Stacked(nn.Module):
 class GroupedExperts(nn.Module):
     """Every expert's fused gate/up projection and its down projection."""
 
-    def __init__(self, num_experts: int, hidden_size: int, width: int) -> None:
+    def __init__(self, num_experts: int, hidden_size: int, width: int, bias: bool) -> None:
         super().__init__()
-        self.gate_up_proj = Stacked(num_experts, 2 * width, hidden_size)
-        self.down_proj = Stacked(num_experts, hidden_size, width)
+        self.gate_up_proj = Stacked(num_experts, 2 * width, hidden_size, bias)
+        self.down_proj = Stacked(num_experts, hidden_size, width, bias)
         self.width = width
 
 
@@ -70,40 +72,62 @@ class SparseMoE(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.num_experts, self.top_k, self.normalize = cfg.num_experts, cfg.num_experts_per_tok, cfg.norm_topk_prob
-        self.gate = Router(cfg.hidden_size, cfg.num_experts)
-        self.experts = GroupedExperts(cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size)
+        self.softmax_after_topk = cfg.router_softmax_after_topk
+        self.gate = Router(cfg.hidden_size, cfg.num_experts, cfg.moe_bias)
+        self.experts = GroupedExperts(cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size, cfg.moe_bias)
         self.act = ACTIVATIONS[cfg.hidden_act]
+        self.swiglu_limit, self.swiglu_alpha = cfg.swiglu_limit, cfg.swiglu_alpha
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(weights, expert ids), each ``(tokens, k)``, the ids ascending along each row."""
-        logits = F.linear(x, self.gate.weight.to(x.dtype))
-        probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
-        weights, ids = torch.topk(probs, self.top_k, dim=-1)
-        if self.normalize:
-            weights = weights / weights.sum(dim=-1, keepdim=True)
+        bias = None if self.gate.bias is None else self.gate.bias.to(x.dtype)
+        logits = F.linear(x, self.gate.weight.to(x.dtype), bias)
+        if self.softmax_after_topk:  # gpt-oss: the top-k logits, then their softmax
+            top, ids = torch.topk(logits, self.top_k, dim=-1)
+            weights = torch.softmax(top, dim=-1, dtype=top.dtype)
+        else:
+            weights, ids = torch.topk(torch.softmax(logits, dim=-1, dtype=torch.float32), self.top_k, dim=-1)
+            if self.normalize:
+                weights = weights / weights.sum(dim=-1, keepdim=True)
         ids, order = ids.sort(dim=-1)
         return weights.gather(-1, order).to(logits.dtype), ids
+
+    def gated(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        if self.swiglu_limit is None:
+            return self.act(gate) * up
+        limit = self.swiglu_limit  # gpt-oss's clamped SwiGLU
+        gate, up = gate.clamp(max=limit), up.clamp(min=-limit, max=limit)
+        return (up + 1) * (gate * torch.sigmoid(gate * self.swiglu_alpha))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (tokens, hidden) -> same
         n, k = x.shape[0], self.top_k
         weights, ids = self.route(x)
         flat = ids.reshape(-1)  # (tokens * k,) token-major
-        gate_up_w = self.experts.gate_up_proj.weight.to(x.dtype)
-        down_w = self.experts.down_proj.weight.to(x.dtype)
+        gate_up_proj, down_proj, width = self.experts.gate_up_proj, self.experts.down_proj, self.experts.width
         if kernel_path(x) == "triton":  # one kernel per projection, rows sorted by expert inside
             from sluice.engines.llm.kernels.triton_moe import grouped_matmul
 
-            gate, up = grouped_matmul(x, gate_up_w, flat, k).split(self.experts.width, dim=-1)
-            out = grouped_matmul(self.act(gate) * up, down_w, flat, 1)  # (tokens * k, hidden) token-major
+            gate_up = _biased(grouped_matmul(x, gate_up_proj.weight.to(x.dtype), flat, k), gate_up_proj, flat)
+            gate, up = gate_up.split(width, dim=-1)
+            out = _biased(grouped_matmul(self.gated(gate, up), down_proj.weight.to(x.dtype), flat, 1), down_proj,
+                          flat)  # (tokens * k, hidden) token-major  # fmt: skip
         else:
             by_expert = torch.argsort(flat, stable=True)
+            expert_of = flat.index_select(0, by_expert)
             offsets = torch.bincount(flat, minlength=self.num_experts).cumsum(0).to(torch.int32)
             rows = x.index_select(0, by_expert // k)  # (tokens * k, hidden), grouped by expert
-            gate, up = F.grouped_mm(rows, gate_up_w, offs=offsets).split(self.experts.width, dim=-1)
-            grouped = F.grouped_mm(self.act(gate) * up, down_w, offs=offsets)
+            gate_up = F.grouped_mm(rows, gate_up_proj.weight.to(x.dtype), offs=offsets)
+            gate, up = _biased(gate_up, gate_up_proj, expert_of).split(width, dim=-1)
+            grouped = F.grouped_mm(self.gated(gate, up), down_proj.weight.to(x.dtype), offs=offsets)
+            grouped = _biased(grouped, down_proj, expert_of)
             out = torch.empty_like(grouped).index_copy_(0, by_expert, grouped)  # back to token-major
         per_slot = out.view(n, k, -1) * weights.unsqueeze(-1)
         total = per_slot[:, 0]
         for slot in range(1, k):  # in expert-id order, as HF adds them
             total = total + per_slot[:, slot]
         return total
+
+
+def _biased(rows: torch.Tensor, proj: Stacked, experts: torch.Tensor) -> torch.Tensor:
+    """``rows`` plus each row's expert's bias (gpt-oss), or ``rows`` as they are."""
+    return rows if proj.bias is None else rows + proj.bias.to(rows.dtype).index_select(0, experts)

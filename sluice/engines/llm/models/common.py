@@ -59,6 +59,7 @@ class WeightNames:
     hf_lm_head: tuple[str, ...] = ("lm_head.weight",)  # names of the LM head in HF checkpoints
     skipped: tuple[str, ...] = ("rotary_emb.inv_freq",)  # substrings of tensor names that are not loaded
     hf_renames: tuple[tuple[str, str], ...] = ()  # (old, new) substrings of HF tensor names, in order
+    hf_experts: str = ""  # "gpt_oss": experts stacked (in, out), gate/up interleaved, maybe MXFP4 (quant/mxfp4.py)
     gguf_layer_names: Mapping[str, str] = field(default_factory=lambda: GGUF_LLAMA_LAYER_NAMES)
     gguf_permute_qk: bool = False  # llama.cpp's Llama converter interleaves Q/K rows; undo it
     hf_norm_plus_one: bool = False  # Gemma: HF stores w of a (1 + w) norm; the model keeps 1 + w
@@ -133,21 +134,25 @@ def hf_activation(cfg: dict[str, Any], default: str = "silu") -> str:
     return HF_ACTIVATIONS[name]
 
 
-def refuse_prequantized(cfg: dict[str, Any]) -> None:
-    """A directory of GPTQ / AWQ / FP8 / bitsandbytes weights holds tensors no family's layers read."""
+def refuse_prequantized(cfg: dict[str, Any], readable: tuple[str, ...] = ()) -> None:
+    """A directory of GPTQ / AWQ / FP8 / bitsandbytes weights holds tensors no family's layers read;
+    ``readable``: the methods the family dequantises at load (gpt-oss: mxfp4)."""
     quant = cfg.get("quantization_config")
     if quant:
         method = quant.get("quant_method", "?") if isinstance(quant, dict) else "?"
+        if method in readable:
+            return
         raise ValueError(f"config.json: quantization_config (quant_method {method!r}) is not supported: the llm "
                          "engine reads unquantised HF weights (weights: int8 / int4 quantise them at load) "
                          "or GGUF files")  # fmt: skip
 
 
-def hf_base(cfg: dict[str, Any], architecture: str, **defaults: Any) -> dict[str, Any]:
+def hf_base(cfg: dict[str, Any], architecture: str, readable_quant: tuple[str, ...] = (), **defaults: Any
+            ) -> dict[str, Any]:  # fmt: skip
     """The fields every family reads the same way from a HF config, as ``ModelConfig`` keyword arguments;
     ``defaults``: the family's HF config-class defaults for keys a config may omit. Refuses an unknown
-    activation and pre-quantised weights."""
-    refuse_prequantized(cfg)
+    activation and pre-quantised weights (but those of ``readable_quant``)."""
+    refuse_prequantized(cfg, readable_quant)
     cfg = {"rms_norm_eps": 1e-6, "max_position_embeddings": 2048, **defaults, **cfg}
     num_heads = int(cfg["num_attention_heads"])
     return dict(

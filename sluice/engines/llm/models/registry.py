@@ -14,6 +14,7 @@ from typing import Any
 from sluice.engines.llm.models import (
     gemma2,
     gemma3,
+    gpt_oss,
     granite,
     llama,
     mistral,
@@ -40,6 +41,7 @@ FAMILIES: tuple[ModelFamily, ...] = (
     olmo2.FAMILY,
     qwen3_moe.FAMILY,
     mixtral.FAMILY,
+    gpt_oss.FAMILY,
 )
 
 

@@ -42,6 +42,18 @@ def test_attention_matches_reference(layout: Layout, dtype: torch.dtype) -> None
     torch.testing.assert_close(got, expected, atol=tol, rtol=tol)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+@pytest.mark.parametrize("layout", LAYOUTS[:2] + WINDOWED_LAYOUTS[:1], ids=lambda layout: layout.name)
+def test_attention_sinks_match_reference(layout: Layout, dtype: torch.dtype) -> None:
+    batch = make_batch(layout, dtype=dtype, poison_unused=True)
+    sinks = torch.randn(batch.query.shape[1], generator=torch.Generator().manual_seed(1)) * 2
+    options = {**batch.options(), "sinks": sinks}
+    expected = reference.paged_attention(*batch.args(), **options)
+    got = paged_attention(*batch.args(), **options)
+    tol = TOLERANCES[dtype]
+    torch.testing.assert_close(got, expected, atol=tol, rtol=tol)
+
+
 def test_dispatch_forced_to_triton_runs_the_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SLUICE_KERNELS", "triton")
     batch = make_batch(LAYOUTS[0], num_blocks=64)
@@ -98,13 +110,13 @@ def test_moe_grouped_matmul_matches_reference(
                                rtol=TOLERANCES[dtype])  # fmt: skip
 
 
-@pytest.mark.parametrize("family", ["gemma2", "mistral", "qwen3_moe"])
+@pytest.mark.parametrize("family", ["gemma2", "mistral", "qwen3_moe", "gpt_oss"])
 def test_engine_through_the_kernels_equals_hf(family: str, tiny_family_dir: Callable[..., Path],
                                               hf_greedy: Callable[..., list[list[int]]],
                                               monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
-    """Sliding windows (Mistral: every layer; Gemma 2: alternate layers), Gemma 2's soft-capped scores and
-    Qwen3-MoE's experts through the Triton kernels, end to end: greedy tokens equal HF's, speculative verifies
-    included."""
+    """Sliding windows (Mistral: every layer; Gemma 2: alternate layers), Gemma 2's soft-capped scores,
+    Qwen3-MoE's experts, gpt-oss's sinks and biased experts, through the Triton kernels end to end: greedy
+    tokens equal HF's, speculative verifies included."""
     monkeypatch.setenv("SLUICE_KERNELS", "triton")
     llm = LLM(tiny_family_dir(family), enable_prefix_caching=False, num_speculative_tokens=2,
               speculative_adaptive=False)  # fmt: skip

@@ -108,3 +108,25 @@ def test_store_kv_then_attention_sees_the_new_tokens() -> None:
     torch_ops.store_kv(key, value, batch.k_cache, batch.v_cache, slot)
     out = torch_ops.paged_attention(batch.query * 50, *batch.args()[1:])
     torch.testing.assert_close(out, torch.full_like(out, 7.0), atol=1e-3, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+@pytest.mark.parametrize("layout", LAYOUTS + WINDOWED_LAYOUTS, ids=lambda layout: layout.name)
+def test_attention_sinks_match_reference(layout: Layout, dtype: torch.dtype) -> None:
+    """gpt-oss's sinks: a per-head logit in every row's softmax, through the decode and prefill paths."""
+    batch = make_batch(layout, dtype=dtype, seed=3)
+    sinks = torch.randn(batch.query.shape[1], generator=torch.Generator().manual_seed(1)) * 2
+    options = {**batch.options(), "sinks": sinks}
+    expected = reference.paged_attention(*batch.args(), **options)
+    got = torch_ops.paged_attention(*batch.args(), **options)
+    tol = TOLERANCES[dtype]
+    torch.testing.assert_close(got, expected, atol=tol, rtol=tol)
+    without = reference.paged_attention(*batch.args(), **batch.options())
+    assert not torch.allclose(got.float(), without.float(), atol=10 * tol)  # the sinks took some attention
+
+
+def test_a_sink_far_above_every_score_takes_all_attention() -> None:
+    batch = make_batch(LAYOUTS[0], seed=4)
+    sinks = torch.full((batch.query.shape[1],), 1e4)
+    out = reference.paged_attention(*batch.args(), sinks=sinks)
+    assert out.abs().max() < 1e-6 and torch.equal(torch_ops.paged_attention(*batch.args(), sinks=sinks), out)

@@ -46,7 +46,7 @@ def _signature(kernel: object, ptr_types: Mapping[str, str], constexprs: Mapping
     ("dtype", "group", "block_m", "precision", "window", "softcap"),
     [("bf16", 3, 16, None, False, False), ("fp16", 8, 64, None, True, False), ("fp32", 1, 64, "ieee", False, False),
      ("bf16", 2, 64, None, True, True)],
-    ids=["bf16-decode-gqa3", "fp16-prefill-gqa8-window", "fp32-ieee-mha", "bf16-gemma2-window-softcap"],
+    ids=["bf16-decode-gqa3", "fp16-prefill-gqa8-window", "fp32-ieee-mha", "bf16-window-softcap-sinks"],
 )
 def test_paged_attention_compiles_for_sm90(
     dtype: str, group: int, block_m: int, precision: str | None, window: bool, softcap: bool
@@ -54,8 +54,8 @@ def test_paged_attention_compiles_for_sm90(
     data = {name: f"*{dtype}" for name in ("out_ptr", "q_ptr", "k_cache_ptr", "v_cache_ptr")}
     ints = {name: "*i32" for name in ("block_tables_ptr", "qsl_ptr", "seq_lens_ptr")}
     constexprs = dict(GROUP=group, BLOCK_Q=block_m // group, BLOCK_M=block_m, BLOCK_N=64, BLOCK_D=64,
-                      DOT_PRECISION=precision, HAS_WINDOW=window, HAS_SOFTCAP=softcap)
-    sig = _signature(_paged_attention_kernel, data | ints, constexprs)
+                      DOT_PRECISION=precision, HAS_WINDOW=window, HAS_SOFTCAP=softcap, HAS_SINKS=softcap)
+    sig = _signature(_paged_attention_kernel, data | ints | {"sinks_ptr": "*fp32"}, constexprs)
     compiled = triton.compile(ASTSource(_paged_attention_kernel, sig, constexprs=constexprs), target=SM90)
     assert compiled.asm.get("cubin")
     assert 0 < compiled.metadata.shared <= MAX_SHARED_BYTES
