@@ -114,7 +114,7 @@ def fuse(family: ModelFamily, tensors: dict[str, Source]) -> dict[str, Source]:
         order = family.weights.packed[fused]
         if set(parts) != set(order):
             raise ValueError(f"{module}: found {sorted(parts)} of {list(order)}; the checkpoint is incomplete")
-        tensors[f"{module}.{fused}.{kind}"] = _cat_rows([parts[p] for p in order])
+        tensors[f"{module}.{fused}.{kind}"] = _cat_rows([parts[p] for p in order], kind)
     return stack_experts(tensors)
 
 
@@ -135,7 +135,7 @@ def stack_experts(tensors: dict[str, Source]) -> dict[str, Source]:
     return tensors
 
 
-def _cat_rows(parts: list[Source]) -> Source:
+def _cat_rows(parts: list[Source], kind: str = "weight") -> Source:
     """Rows of ``parts`` in order: quantised rows stay quantised when all parts share one GGUF type."""
     if all(isinstance(p, GGUFRows) for p in parts):
         rows = [p for p in parts if isinstance(p, GGUFRows)]
@@ -143,8 +143,9 @@ def _cat_rows(parts: list[Source]) -> Source:
             return cat_rows(rows)
     floats = [p.to_float() if isinstance(p, GGUFRows) else p for p in parts]
     dtype = floats[0].dtype if len({f.dtype for f in floats}) == 1 else torch.float32
-    # along the output features: rows of a matrix, of each expert's matrix in a stack (experts, out, in)
-    return torch.cat([f.to(dtype) for f in floats], dim=1 if floats[0].dim() == 3 else 0)
+    # along the output features: a matrix's rows, a bias's entries, per expert in a stack (experts, out, in)
+    dim = floats[0].dim() - (2 if kind == "weight" else 1)
+    return torch.cat([f.to(dtype) for f in floats], dim=dim)
 
 
 # ---------------------------------------------------------------- GGUF

@@ -127,3 +127,16 @@ def test_qwen3_moe_layouts_from_hf(
     llm = _engine(path, FEATURES["all"])
     assert llm.model_config.num_experts == 6
     _check_greedy(llm, family_prompts(llm.model_config.vocab_size), hf_greedy("qwen3_moe", **overrides), "all")
+
+
+def test_gpt_oss_from_gguf(tiny_family_dir: Callable[..., Path], hf_greedy: Callable[..., list[list[int]]],
+                           tmp_path: Path) -> None:  # fmt: skip
+    """gpt-oss as llama.cpp's converter writes it (sinks, split gate/up experts with biases, the pre-MLP norm
+    named post_attention_norm), every scheduling feature on. GGUF has no key for the SwiGLU clamp (llama.cpp
+    fixes it at 7), so this model has that clamp; the HF parity tests cover one that bites."""
+    from tests.support.llama_cpp import convert
+
+    path = convert(tiny_family_dir("gpt_oss", swiglu_limit=7.0), tmp_path / "gpt-oss.gguf")
+    llm = _engine(path, FEATURES["all"])
+    assert llm.model_config.architecture == "gpt_oss" and llm.model_config.attention_sinks
+    _check_greedy(llm, family_prompts(llm.model_config.vocab_size), hf_greedy("gpt_oss", swiglu_limit=7.0), "all")

@@ -23,9 +23,17 @@ from sluice.engines.llm.layers.rotary import apply_rotary
 KVCache = tuple[torch.Tensor, torch.Tensor]  # (k, v), each (num_blocks, block_size, num_kv_heads, head_dim)
 
 
-class SelfAttention(nn.Module):
-    FP32_PARAMS = ("sinks",)
+class Sinks(nn.Module):
+    """gpt-oss: each head's sink logit, float32 whatever the model's dtype (the softmax takes it so)."""
 
+    FP32_PARAMS = ("weight",)
+
+    def __init__(self, num_heads: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(num_heads))
+
+
+class SelfAttention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
@@ -38,8 +46,7 @@ class SelfAttention(nn.Module):
         self.q_norm = make_norm(q_width, cfg) if cfg.qk_norm else None
         self.k_norm = make_norm(k_width, cfg) if cfg.qk_norm else None
         self.rotates = cfg.rotates(layer)
-        # gpt-oss: each head's sink logit (float32 whatever the model's dtype, as the softmax takes it)
-        self.sinks = nn.Parameter(torch.empty(cfg.num_heads)) if cfg.attention_sinks else None
+        self.sinks = Sinks(cfg.num_heads) if cfg.attention_sinks else None
         self.params = AttentionParams(cfg.attn_scale, cfg.sliding_window(layer), cfg.attn_logit_softcap)
 
     def forward(
@@ -68,7 +75,7 @@ class SelfAttention(nn.Module):
             qk = qkv[:, : self.q_size + self.kv_size].view(n, self.num_heads + self.num_kv_heads, self.head_dim)
             q, k = apply_rotary(qk, cos, sin).split([self.num_heads, self.num_kv_heads], dim=1)
         v = qkv[:, self.q_size + self.kv_size :].view(n, self.num_kv_heads, self.head_dim)
-        params = self.params if self.sinks is None else replace(self.params, sinks=self.sinks)
+        params = self.params if self.sinks is None else replace(self.params, sinks=self.sinks.weight)
         o = store_and_attend(q, k, v, kv_cache[0], kv_cache[1], meta, params)  # in q's dtype
         if isinstance(self.o_proj, nn.Linear) and o.dtype != self.o_proj.weight.dtype:
             o = o.to(self.o_proj.weight.dtype)  # bf16 attention before a float projection (mixed checkpoints)

@@ -10,7 +10,7 @@ CPU and Triton kernels take float experts (kept packed is left for later).
 :func:`gpt_oss_experts` then brings gpt-oss's experts (MXFP4 or float) to the layout of ``layers/moe.py``:
 ``gate_up_proj`` ``(experts, 2 * width, hidden)`` with the gate rows first (gpt-oss interleaves gate and up
 columns: even = gate, odd = up), ``down_proj`` ``(experts, hidden, width)``, biases de-interleaved alike,
-and the router under ``mlp.gate``.
+the router under ``mlp.gate`` and the attention sinks under ``self_attn.sinks.weight``.
 """
 
 from __future__ import annotations
@@ -49,6 +49,9 @@ def gpt_oss_experts(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]
     layout; every other tensor as it is."""
     parts: dict[tuple[str, str], dict[str, torch.Tensor]] = {}
     for name in list(tensors):
+        if name.endswith(".self_attn.sinks"):
+            tensors[f"{name}.weight"] = tensors.pop(name)
+            continue
         if ".mlp.router." in name:
             tensors[name.replace(".mlp.router.", ".mlp.gate.")] = tensors.pop(name)
             continue

@@ -4,14 +4,19 @@ on the same weights in float."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
 
 from sluice.engines.llm import LLM, SamplingParams
+from sluice.engines.llm.gguf_file import GGUFFile
 from sluice.engines.llm.quant.mxfp4 import dequantize_mxfp4
-from sluice.engines.llm.random_models import save_random_model
+from tests.support.llama_cpp import convert
+from tests.support.tiny_llms import save_tiny_model
+
+MXFP4 = 39  # GGML's type id
 
 
 def _random_mxfp4(experts: int, out: int, inputs: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
@@ -31,11 +36,12 @@ def test_dequantised_as_transformers_does() -> None:
 
 def test_a_checkpoint_with_mxfp4_experts_equals_hf_on_its_float_weights(tmp_path: Path) -> None:
     """The float directory is what HF runs; the MXFP4 directory holds the same experts as blocks and scales
-    (the published checkpoints' form, with their quantization_config) and is what Sluice runs."""
+    (the published checkpoints' form, with their quantization_config) and is what Sluice runs, as it is and
+    as llama.cpp's converter writes it to GGUF (MXFP4 tensors). The clamp is llama.cpp's fixed 7."""
     from transformers import AutoModelForCausalLM
     from transformers.integrations.mxfp4 import convert_moe_packed_tensors
 
-    float_dir = save_random_model(tmp_path / "float", "tiny-gpt_oss", vocab_size=256, weight_std=0.15, seed=2)
+    float_dir = save_tiny_model(tmp_path / "float", "gpt_oss", seed=2, swiglu_limit=7.0)
     tensors = load_file(str(float_dir / "model.safetensors"))
     gen = torch.Generator().manual_seed(1)
     packed = {}
@@ -50,14 +56,19 @@ def test_a_checkpoint_with_mxfp4_experts_equals_hf_on_its_float_weights(tmp_path
     config = json.loads((float_dir / "config.json").read_text())
     config["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": ["router", "lm_head"]}
     (mxfp4_dir / "config.json").write_text(json.dumps(config))
+    for tokenizer_file in float_dir.glob("tokenizer*"):
+        shutil.copy(tokenizer_file, mxfp4_dir)
     kept = {n: t for n, t in tensors.items() if not n.endswith(("experts.gate_up_proj", "experts.down_proj"))}
     save_file({**kept, **packed}, str(mxfp4_dir / "model.safetensors"))
 
     hf = AutoModelForCausalLM.from_pretrained(float_dir, dtype=torch.float32).eval()
-    prompts = [torch.randint(0, 256, (n,), generator=gen).tolist() for n in (6, 30)]
+    prompts = [torch.randint(0, hf.config.vocab_size, (n,), generator=gen).tolist() for n in (6, 30)]
     with torch.inference_mode():
         expected = [hf.generate(torch.tensor([p]), max_new_tokens=16, do_sample=False, eos_token_id=None,
                                 pad_token_id=0)[0, len(p):].tolist() for p in prompts]  # fmt: skip
-    llm = LLM(mxfp4_dir, enable_prefix_caching=False)
-    outputs = llm.generate(prompts, SamplingParams(max_tokens=16, ignore_eos=True))
-    assert [o.token_ids for o in outputs] == expected
+    gguf = convert(mxfp4_dir, tmp_path / "gpt-oss-mxfp4.gguf")
+    assert any(t.tensor_type == MXFP4 for t in GGUFFile(gguf).tensors)
+    for path in (mxfp4_dir, gguf):
+        llm = LLM(path, enable_prefix_caching=False)
+        outputs = llm.generate(prompts, SamplingParams(max_tokens=16, ignore_eos=True))
+        assert [o.token_ids for o in outputs] == expected, path.name
