@@ -45,12 +45,18 @@ def gguf_experts(meta: GGUFMetadata, num_layers: int) -> dict[str, Any]:
     width = meta.arch_get("expert_feed_forward_length")
     if width is None:  # Mixtral: the experts have the MLP's width
         width = meta.require("feed_forward_length")
+    gating = int(meta.arch_get("expert_gating_func", 1) or 1)
+    if gating != 1:  # llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE: 1 softmax, 2 sigmoid, 3 softmax of the weights
+        raise ValueError(f"GGUF {meta.arch}: expert_gating_func {gating} is not supported (supported: 1, softmax)")
+    if meta.arch_get("expert_shared_count") or "blk.0.ffn_gate_shexp.weight" in meta.tensor_names:
+        raise ValueError(f"GGUF {meta.arch}: shared experts are not supported")
     missing = [i for i in range(num_layers) if f"blk.{i}.ffn_gate_inp.weight" not in meta.tensor_names]
     if missing:
         raise ValueError(f"GGUF {meta.arch}: layers {missing} have no experts; mixed dense and expert layers "
                          "are not supported from GGUF")  # fmt: skip
     return dict(num_experts=count, num_experts_per_tok=int(meta.require("expert_used_count")),
-                moe_intermediate_size=int(width), norm_topk_prob=True)  # fmt: skip
+                moe_intermediate_size=int(width),
+                norm_topk_prob=bool(meta.arch_get("expert_weights_norm", True)))  # fmt: skip
 
 
 def config_from_gguf(meta: GGUFMetadata) -> ModelConfig:
