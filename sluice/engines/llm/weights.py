@@ -12,7 +12,8 @@ the family's :class:`WeightNames`:
   whose vision towers are skipped), the family's renames applied (Mixtral's ``block_sparse_moe.experts.N.w1``
   is ``mlp.experts.N.gate_proj``), and q/k/v and gate/up rows (weights and biases) are concatenated into
   the fused projections; the experts of a mixture-of-experts layer are stacked into one
-  ``(experts, out, in)`` tensor per projection (llama.cpp's GGUF files store them stacked already);
+  ``(experts, out, in)`` tensor per projection (llama.cpp's GGUF files store them stacked already; gpt-oss's
+  HF checkpoints store them stacked ``(in, out)``, gate/up interleaved, often MXFP4: ``quant/mxfp4.py``);
 * Gemma norms become ``1 + w`` (HF stores ``w``; llama.cpp's GGUF already stores ``1 + w``);
 * GGUF tensors are renamed from llama.cpp's names; for the ``llama`` architecture the Q/K rows are put back
   into HF's rotary layout (llama.cpp's converter permutes them so that each head's two rotary halves are

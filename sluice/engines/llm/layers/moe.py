@@ -1,9 +1,11 @@
-"""The sparse mixture-of-experts MLP (Qwen3-MoE, Mixtral): a router picks each token's experts, and the
-experts' gated MLPs run as two grouped matmuls over the tokens sorted by expert.
+"""The sparse mixture-of-experts MLP (Qwen3-MoE, Mixtral, gpt-oss): a router picks each token's experts, and
+the experts' gated MLPs run as two grouped matmuls over the tokens sorted by expert.
 
 Routing follows HF transformers' ``Qwen3MoeTopKRouter`` / ``MixtralTopKRouter``: router logits
 ``x @ W_r.T``, a softmax over all experts in fp32, the top ``k`` of it, renormalised to sum to one when the
-config says so (Mixtral always; Qwen3-MoE by ``norm_topk_prob``), cast back to the activations' dtype.
+config says so (Mixtral always; Qwen3-MoE by ``norm_topk_prob``), cast back to the activations' dtype; or
+``GptOssTopKRouter``'s: logits with a bias, their top ``k``, the softmax of those. gpt-oss's experts also
+have biases and a clamped SwiGLU (:meth:`SparseMoE.gated`).
 
 The experts' weights are two stacked tensors, ``gate_up_proj.weight`` ``(experts, 2 * width, hidden)`` and
 ``down_proj.weight`` ``(experts, hidden, width)`` (HF's layout; a checkpoint's per-expert matrices are stacked
