@@ -24,6 +24,7 @@ the family's :class:`WeightNames`:
 
 from __future__ import annotations
 
+import logging
 import re
 from pathlib import Path
 
@@ -36,6 +37,8 @@ from sluice.engines.llm.gguf_file import GGUFFile, GGUFTensor
 from sluice.engines.llm.models.common import ModelFamily
 from sluice.engines.llm.quant.gguf_rows import FileRows, GGUFRows, cat_rows
 from sluice.engines.llm.quant.policy import Source
+
+log = logging.getLogger(__name__)
 
 _GGUF_NAMES = {
     "token_embd.weight": "embed_tokens.weight",
@@ -166,6 +169,12 @@ def _gguf_tensors(checkpoint: Checkpoint, file: GGUFFile) -> dict[str, Source]:
     family, config, path = checkpoint.family, checkpoint.config, checkpoint.path
     layer_names = family.weights.gguf_layer_names
     tensors: dict[str, Source] = {}
+    stacked = [t for t in file.tensors if t.is_quantized and len(t.shape) == 3]  # quantised experts
+    if stacked:
+        values = sum(int(np.prod(t.shape)) for t in stacked)
+        log.warning("%s: its quantised experts are dequantised at load (packed experts are not built yet): "
+                    "%.1f GB in the file become %.1f GB as float32 (%.1f GB as bf16 on a GPU)", path.name,
+                    sum(t.data.nbytes for t in stacked) / 1e9, 4 * values / 1e9, 2 * values / 1e9)  # fmt: skip
     for t in file.tensors:
         if t.name in _GGUF_CONFIG_ONLY:
             continue

@@ -7,6 +7,7 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
@@ -34,7 +35,9 @@ def test_dequantised_as_transformers_does() -> None:
     assert got.shape == (3, 96, 40) and torch.equal(got, expected)
 
 
-def test_a_checkpoint_with_mxfp4_experts_equals_hf_on_its_float_weights(tmp_path: Path) -> None:
+def test_a_checkpoint_with_mxfp4_experts_equals_hf_on_its_float_weights(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """The float directory is what HF runs; the MXFP4 directory holds the same experts as blocks and scales
     (the published checkpoints' form, with their quantization_config) and is what Sluice runs, as it is and
     as llama.cpp's converter writes it to GGUF (MXFP4 tensors). The clamp is llama.cpp's fixed 7."""
@@ -69,6 +72,9 @@ def test_a_checkpoint_with_mxfp4_experts_equals_hf_on_its_float_weights(tmp_path
     gguf = convert(mxfp4_dir, tmp_path / "gpt-oss-mxfp4.gguf")
     assert any(t.tensor_type == MXFP4 for t in GGUFFile(gguf).tensors)
     for path in (mxfp4_dir, gguf):
-        llm = LLM(path, enable_prefix_caching=False)
+        with caplog.at_level("WARNING", logger="sluice.engines.llm.weights"):
+            llm = LLM(path, enable_prefix_caching=False)
         outputs = llm.generate(prompts, SamplingParams(max_tokens=16, ignore_eos=True))
         assert [o.token_ids for o in outputs] == expected, path.name
+    # the user is told what dequantising the file's experts costs in memory
+    assert "gpt-oss-mxfp4.gguf: its quantised experts are dequantised at load" in caplog.text
