@@ -15,7 +15,7 @@ import numpy as np
 
 
 def requantize(src: Path, dst: Path, qtype_name: str, overrides: dict[str, str] | None = None) -> Path:
-    """Copy ``src`` to ``dst`` with every 2-D float tensor quantised to ``qtype_name`` (``"Q4_0"``...), or to
+    """Copy ``src`` to ``dst`` with every 2-D float tensor (and stacked 3-D experts) quantised to ``qtype_name`` (``"Q4_0"``...), or to
     ``overrides[part]`` for tensors whose name contains ``part`` (``{"token_embd": "Q8_0"}``, ``"F32"`` to
     keep one as it is). Returns ``dst``."""
     import gguf
@@ -37,7 +37,7 @@ def requantize(src: Path, dst: Path, qtype_name: str, overrides: dict[str, str] 
     for t in reader.tensors:
         data = np.asarray(t.data)
         qtype = qtype_of(t.name)
-        if t.tensor_type == gguf.GGMLQuantizationType.F32 and data.ndim == 2 and qtype != t.tensor_type:
+        if t.tensor_type == gguf.GGMLQuantizationType.F32 and data.ndim in (2, 3) and qtype != t.tensor_type:
             writer.add_tensor(t.name, quantize(data, qtype), raw_dtype=qtype)
         else:
             writer.add_tensor(t.name, data, raw_dtype=t.tensor_type)

@@ -15,8 +15,9 @@ from pathlib import Path
 from sluice.engines.llm.checkpoint import find_gguf
 from sluice.engines.llm.config import ModelConfig
 from sluice.engines.llm.gguf_file import GGUFFile
+from sluice.engines.llm.quant.gguf_rows import Loaded
 from sluice.engines.llm.tokenizer import ChatTokenizer
-from sluice.engines.llm.weights import Source, load_weights
+from sluice.engines.llm.weights import load_weights
 from sluice.models.catalogue import KNOWN_MODELS, ModelError
 from sluice.models.fetch import resolve_model
 
@@ -39,7 +40,7 @@ class LoadedModel:
     """A model's architecture, its weights as read (not yet placed on a device) and its tokenizer."""
 
     config: ModelConfig
-    tensors: dict[str, Source]  # handed to the model runner, which converts and places them
+    tensors: dict[str, Loaded]  # handed to the model runner, which converts and places them
     tokenizer: ChatTokenizer | None  # None: the directory has no tokenizer (token-id prompts only)
 
 

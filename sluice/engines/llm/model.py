@@ -15,6 +15,7 @@ in fp32. Q/K/V and gate/up projections are fused into one matmul each: fewer, la
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 import torch
@@ -23,14 +24,16 @@ from torch import nn
 from sluice.engines.llm.attention import AttentionMetadata
 from sluice.engines.llm.config import ModelConfig, RopeConfig
 from sluice.engines.llm.layers.decoder import DECODER_LAYERS
+from sluice.engines.llm.layers.moe import Stacked, pack_experts
 from sluice.engines.llm.layers.native_layers import NativeDecodeLayers
 from sluice.engines.llm.layers.norm import make_norm
 from sluice.engines.llm.layers.quantized import QuantizedEmbedding, QuantizedLinear, RescoredHead
 from sluice.engines.llm.layers.rotary import rope_tables
 from sluice.engines.llm.layers.row_invariant import make_row_invariant
 from sluice.engines.llm.layers.self_attention import KVCache
-from sluice.engines.llm.quant.gguf_rows import GGUFRows
+from sluice.engines.llm.quant.gguf_rows import ExpertRows, GGUFRows, Loaded
 from sluice.engines.llm.quant.heap import release_freed_memory
+from sluice.engines.llm.quant.packed import PackedWeight
 from sluice.engines.llm.quant.policy import (
     Materialized,
     Role,
@@ -42,6 +45,8 @@ from sluice.engines.llm.quant.policy import (
 )
 
 __all__ = ["CausalLM", "KVCache", "LlamaModel"]
+
+log = logging.getLogger(__name__)
 
 
 class CausalLM(nn.Module):
@@ -75,7 +80,7 @@ class CausalLM(nn.Module):
     def from_weights(
         cls,
         cfg: ModelConfig,
-        tensors: dict[str, Source],
+        tensors: dict[str, Loaded],
         max_model_len: int,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
@@ -115,6 +120,8 @@ class CausalLM(nn.Module):
         state: dict[str, torch.Tensor] = {}
         packed: dict[str, Materialized] = {}  # module name -> its packed weight
         exact_head: GGUFRows | None = None  # the LM head's own rows, when its packed logits are rescored
+        packed_experts: dict[str, list[PackedWeight]] = {}  # a Stacked module's name -> each expert packed
+        dequantised_experts = 0  # values of a GGUF's quantised experts that are kept in float
         num_tensors = len(tensors)
         for done, name in enumerate(list(tensors)):
             if progress is not None:
@@ -123,6 +130,15 @@ class CausalLM(nn.Module):
             source = tensors.pop(name)
             module_name, _, param = name.rpartition(".")
             role = _ROLES.get(module_name, "linear")
+            if param == "weight" and isinstance(model.get_submodule(module_name), Stacked):  # experts
+                experts = _expert_forms(source, weights)
+                if experts is not None:
+                    packed_experts[module_name] = experts
+                    continue
+                if isinstance(source, ExpertRows):  # kept float by `weights`: said once, below
+                    source = source.to_float()
+                    dequantised_experts += source.numel()
+            assert not isinstance(source, ExpertRows), f"{name}: stacked experts for a module that is not"
             if param == "weight" and isinstance(model.get_submodule(module_name), (nn.Linear, nn.Embedding)):
                 if cfg.tie_word_embeddings and module_name == "embed_tokens":
                     packed.update(_tied(source, weights))
@@ -137,7 +153,7 @@ class CausalLM(nn.Module):
                     if rescored:
                         exact_head = materialize(source, "gguf")  # type: ignore[assignment]
                     continue
-            tensor = source.to_float() if isinstance(source, GGUFRows) else source
+            tensor = source.to_float() if isinstance(source, (GGUFRows, ExpertRows)) else source
             state[name] = tensor.to(device=device, dtype=torch.float32 if name in keep_fp32 else dtype)
         for module_name, weight in packed.items():
             if isinstance(weight, torch.Tensor):  # a tied table kept dense
@@ -146,11 +162,15 @@ class CausalLM(nn.Module):
         missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
         dense_tied = cfg.tie_word_embeddings and "embed_tokens.weight" in state
         missing = [m for m in missing if not (dense_tied and m == "lm_head.weight")
-                   and m.removesuffix(".weight") not in packed]  # fmt: skip
+                   and m.removesuffix(".weight") not in packed and m.removesuffix(".weight") not in packed_experts]  # fmt: skip
         if missing or unexpected:
             raise ValueError(f"weights do not match the model: missing {missing}, unexpected {unexpected}")
         if dense_tied:
             model.lm_head.weight = model.embed_tokens.weight
+        pack_experts(model, packed_experts)
+        if dequantised_experts:
+            log.warning("the quantised experts take %.1f GB dequantised in %s (weights: %s; auto or int4 keep them "
+                        "packed on the CPU)", dequantised_experts * dtype.itemsize / 1e9, dtype, weights)  # fmt: skip
         for module in model.modules():
             finish = getattr(module, "finish_loading", None)
             if finish is not None:  # a layer keeping its weights in another layout than the checkpoint's
@@ -241,6 +261,17 @@ def _tied(source: Source, weights: str) -> dict[str, Materialized]:
     if head == table and gatherable(lm_head):
         return {"lm_head": lm_head, "embed_tokens": lm_head}
     return {"lm_head": lm_head, "embed_tokens": materialize(source, table)}
+
+
+def _expert_forms(source: Loaded, weights: str) -> list[PackedWeight] | None:
+    """Each expert of a stacked ``(experts, out, in)`` weight in its packed form, or None to keep it float (the
+    form of a linear layer's matrix of the same kind, ``quant/policy.py``)."""
+    experts: list[torch.Tensor | GGUFRows] = (list(source.experts) if isinstance(source, ExpertRows)
+                                               else list(source.unbind(0)))  # type: ignore[union-attr]  # fmt: skip
+    form = choose_form("linear", experts[0], weights)
+    if form == "float":
+        return None
+    return [materialize(e, form) for e in experts]  # type: ignore[misc]
 
 
 def _swap_in(model: nn.Module, module_name: str, weight: Materialized, dtype: torch.dtype) -> None:

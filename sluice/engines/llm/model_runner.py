@@ -37,7 +37,7 @@ from sluice.engines.llm.layers.quantized import (
     describe_forms,
 )
 from sluice.engines.llm.model import CausalLM, KVCache
-from sluice.engines.llm.quant.policy import Source
+from sluice.engines.llm.quant.gguf_rows import Loaded
 from sluice.engines.llm.request import Request
 from sluice.engines.llm.sampling import Sampler, SamplingRow
 from sluice.engines.llm.scheduler_output import ScheduledRequest
@@ -88,7 +88,7 @@ class ModelRunner:
     def __init__(
         self,
         model_config: ModelConfig,
-        tensors: dict[str, Source],
+        tensors: dict[str, Loaded],
         engine_config: EngineConfig,
         max_model_len: int,
         progress: Callable[[int, int], None] | None = None,

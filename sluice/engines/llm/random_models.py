@@ -80,7 +80,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     "tiny-qwen3_moe": dict(model_type="qwen3_moe", num_hidden_layers=3, num_experts=6, num_experts_per_tok=2,
                            moe_intermediate_size=32, norm_topk_prob=True, **{**_TINY, "head_dim": 32}),
     "tiny-mixtral": dict(model_type="mixtral", num_hidden_layers=3, num_local_experts=4, num_experts_per_tok=2,
-                         **{**_TINY, "intermediate_size": 48}),
+                         **_TINY),
     # 2 of 6 experts per token, sinks, an 8-token window on alternate layers, yarn over a 32-token context,
     # the SwiGLU clamp low enough to bite
     "tiny-gpt_oss": dict(model_type="gpt_oss", num_hidden_layers=4, num_local_experts=6, num_experts_per_tok=2,

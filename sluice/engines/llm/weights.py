@@ -35,8 +35,14 @@ from sluice.engines.llm.checkpoint import Checkpoint, read_checkpoint
 from sluice.engines.llm.config import ModelConfig
 from sluice.engines.llm.gguf_file import GGUFFile, GGUFTensor
 from sluice.engines.llm.models.common import ModelFamily
-from sluice.engines.llm.quant.gguf_rows import FileRows, GGUFRows, cat_rows
-from sluice.engines.llm.quant.policy import Source
+from sluice.engines.llm.quant.gguf_rows import (
+    ExpertRows,
+    FileRows,
+    GGUFRows,
+    Loaded,
+    cat_expert_rows,
+    cat_rows,
+)
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +57,7 @@ _FUSABLE_RE = re.compile(r"^(.*)\.(\w+)\.(weight|bias)$")
 _EXPERT_RE = re.compile(r"^(.*\.experts)\.(\d+)\.(\w+)\.weight$")
 
 
-def load_weights(path: str | Path, gguf_file: GGUFFile | None = None) -> tuple[ModelConfig, dict[str, Source]]:
+def load_weights(path: str | Path, gguf_file: GGUFFile | None = None) -> tuple[ModelConfig, dict[str, Loaded]]:
     """Load a ``.gguf`` file or a directory holding ``config.json`` and ``*.safetensors``; ValueError (one
     line) for a checkpoint the engine cannot run (:func:`~sluice.engines.llm.checkpoint.read_checkpoint`).
 
@@ -66,7 +72,7 @@ def load_weights(path: str | Path, gguf_file: GGUFFile | None = None) -> tuple[M
 # ---------------------------------------------------------------- safetensors
 
 
-def _safetensors_tensors(checkpoint: Checkpoint) -> dict[str, Source]:
+def _safetensors_tensors(checkpoint: Checkpoint) -> dict[str, Loaded]:
     from safetensors.torch import load_file
 
     family, path = checkpoint.family, checkpoint.path
@@ -86,7 +92,7 @@ def _safetensors_tensors(checkpoint: Checkpoint) -> dict[str, Source]:
         for name in tensors:
             if name.endswith("norm.weight"):
                 tensors[name] = 1.0 + tensors[name]
-    return fuse(family, dict[str, Source](tensors))
+    return fuse(family, dict[str, Loaded](tensors))
 
 
 def _hf_name(family: ModelFamily, name: str) -> str | None:
@@ -104,11 +110,11 @@ def _hf_name(family: ModelFamily, name: str) -> str | None:
     raise ValueError(f"unexpected tensor {name!r} for a {family.name} checkpoint")
 
 
-def fuse(family: ModelFamily, tensors: dict[str, Source]) -> dict[str, Source]:
+def fuse(family: ModelFamily, tensors: dict[str, Loaded]) -> dict[str, Loaded]:
     """Concatenate the family's packed projections (q/k/v -> qkv_proj, gate/up -> gate_up_proj), rows in
     the listed order, weights and biases alike; the parts are removed from ``tensors``."""
     part_of = {part: fused for fused, parts in family.weights.packed.items() for part in parts}
-    groups: dict[tuple[str, str, str], dict[str, Source]] = {}
+    groups: dict[tuple[str, str, str], dict[str, Loaded]] = {}
     for name in list(tensors):
         m = _FUSABLE_RE.match(name)
         if m is not None and m.group(2) in part_of:
@@ -122,10 +128,10 @@ def fuse(family: ModelFamily, tensors: dict[str, Source]) -> dict[str, Source]:
     return stack_experts(tensors)
 
 
-def stack_experts(tensors: dict[str, Source]) -> dict[str, Source]:
+def stack_experts(tensors: dict[str, Loaded]) -> dict[str, Loaded]:
     """``<layer>.experts.<i>.<proj>.weight`` of every expert ``i`` -> one ``<layer>.experts.<proj>.weight``
     ``(experts, out, in)``, in expert order; the parts are removed from ``tensors``."""
-    groups: dict[tuple[str, str], dict[int, Source]] = {}
+    groups: dict[tuple[str, str], dict[int, Loaded]] = {}
     for name in list(tensors):
         m = _EXPERT_RE.match(name)
         if m is not None:
@@ -134,18 +140,22 @@ def stack_experts(tensors: dict[str, Source]) -> dict[str, Source]:
         if sorted(experts) != list(range(len(experts))):
             raise ValueError(f"{module}.{proj}: experts {sorted(experts)} are not 0..{len(experts) - 1}")
         parts = [experts[i] for i in range(len(experts))]
-        tensors[f"{module}.{proj}.weight"] = torch.stack([p.to_float() if isinstance(p, GGUFRows) else p
-                                                          for p in parts])  # fmt: skip
+        tensors[f"{module}.{proj}.weight"] = torch.stack([p.to_float() if isinstance(p, (GGUFRows, ExpertRows))
+                                                          else p for p in parts])  # fmt: skip
     return tensors
 
 
-def _cat_rows(parts: list[Source], kind: str = "weight") -> Source:
+def _cat_rows(parts: list[Loaded], kind: str = "weight") -> Loaded:
     """Rows of ``parts`` in order: quantised rows stay quantised when all parts share one GGUF type."""
     if all(isinstance(p, GGUFRows) for p in parts):
         rows = [p for p in parts if isinstance(p, GGUFRows)]
         if len({p.tensor_type for p in rows}) == 1:
             return cat_rows(rows)
-    floats = [p.to_float() if isinstance(p, GGUFRows) else p for p in parts]
+    if all(isinstance(p, ExpertRows) for p in parts):
+        stacks = [p for p in parts if isinstance(p, ExpertRows)]
+        if len({p.tensor_type for p in stacks}) == 1 and kind == "weight":
+            return cat_expert_rows(stacks)
+    floats = [p.to_float() if isinstance(p, (GGUFRows, ExpertRows)) else p for p in parts]
     dtype = floats[0].dtype if len({f.dtype for f in floats}) == 1 else torch.float32
     # along the output features: a matrix's rows, a bias's entries, per expert in a stack (experts, out, in)
     dim = floats[0].dim() - (2 if kind == "weight" else 1)
@@ -165,16 +175,10 @@ def unpermute_rotary_rows(w: np.ndarray, num_heads: int) -> np.ndarray:
     return w.reshape(num_heads, head_dim // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def _gguf_tensors(checkpoint: Checkpoint, file: GGUFFile) -> dict[str, Source]:
+def _gguf_tensors(checkpoint: Checkpoint, file: GGUFFile) -> dict[str, Loaded]:
     family, config, path = checkpoint.family, checkpoint.config, checkpoint.path
     layer_names = family.weights.gguf_layer_names
-    tensors: dict[str, Source] = {}
-    stacked = [t for t in file.tensors if t.is_quantized and len(t.shape) == 3]  # quantised experts
-    if stacked:
-        values = sum(int(np.prod(t.shape)) for t in stacked)
-        log.warning("%s: its quantised experts are dequantised at load (packed experts are not built yet): "
-                    "%.1f GB in the file become %.1f GB as float32 (%.1f GB as bf16 on a GPU)", path.name,
-                    sum(t.data.nbytes for t in stacked) / 1e9, 4 * values / 1e9, 2 * values / 1e9)  # fmt: skip
+    tensors: dict[str, Loaded] = {}
     for t in file.tensors:
         if t.name in _GGUF_CONFIG_ONLY:
             continue
@@ -194,16 +198,25 @@ def _gguf_tensors(checkpoint: Checkpoint, file: GGUFFile) -> dict[str, Source]:
     return fuse(family, tensors)
 
 
-def _gguf_value(path: Path, t: GGUFTensor) -> Source:
+def _gguf_value(path: Path, t: GGUFTensor) -> Loaded:
     """A GGUF tensor as the loader returns it: float32 (a copy) for float types, the file's rows for
     quantised matrices (read when the model converts them)."""
     if t.is_quantized and len(t.shape) == 2:
         rows = FileRows(path, t.offset, t.shape[0], int(t.data.shape[-1]))
         return GGUFRows(t.tensor_type, (t.shape[0], t.shape[1]), (rows,))
+    if t.is_quantized and len(t.shape) == 3:  # stacked experts: each expert's rows, read when converted
+        experts, num_rows, cols = t.shape
+        row_bytes = int(t.data.shape[-1])
+        return ExpertRows(tuple(
+            GGUFRows(t.tensor_type, (num_rows, cols), (FileRows(path, t.offset + e * num_rows * row_bytes, num_rows,
+                                                                row_bytes),))
+            for e in range(experts)
+        ))  # fmt: skip
     return torch.from_numpy(np.array(t.to_float32(), dtype=np.float32, order="C", copy=True))
 
 
-def _unpermute(value: Source, num_heads: int) -> Source:
+def _unpermute(value: Loaded, num_heads: int) -> Loaded:
+    assert not isinstance(value, ExpertRows), "Q/K projections are never stacked"
     if isinstance(value, GGUFRows):
         order = unpermute_rotary_rows(np.arange(value.shape[0]), num_heads)
         return value.permuted(torch.from_numpy(order))

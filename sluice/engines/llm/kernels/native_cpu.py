@@ -160,6 +160,15 @@ def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scale_zero: torch.Tensor,
     return out
 
 
+def int4_grouped_matmul(x: torch.Tensor, ends: torch.Tensor, packed: list[torch.Tensor],
+                        scale_zero: list[torch.Tensor]) -> torch.Tensor:  # fmt: skip
+    """Rows of ``x`` ``(R, K)`` contiguous bfloat16 sorted by expert, expert ``e``'s at ``ends[e-1]:ends[e]``
+    (``ends`` int64), each run through expert ``e``'s int4 weight: ``(R, Np)`` bfloat16, one call. Call only
+    where :func:`int4_matmul_usable`."""
+    out: torch.Tensor = _ops().int4_grouped_matmul(x, ends, packed, scale_zero)
+    return out
+
+
 def decode_layers(h: torch.Tensor, layers: list[list[torch.Tensor]], sizes: list[list[int]], cos: torch.Tensor,
                   sin: torch.Tensor, slots: torch.Tensor, blocks: torch.Tensor, lens: torch.Tensor, eps: float,
                   scale: float) -> torch.Tensor:  # fmt: skip

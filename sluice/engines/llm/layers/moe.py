@@ -17,9 +17,11 @@ expert into blocks, one launch per projection).
 An expert's output is weighted by its routing weight and the ``k`` outputs of a token are added in the
 order of their expert ids, as HF's ``index_add_`` over the experts in turn adds them.
 
+On the CPU the experts may be packed (:class:`PackedStacked`: int4, int8 or bf16 per ``weights``, a quantised
+GGUF's kept as int4 / int8 under ``auto``); the router never is.
+
 Guarantees: greedy tokens equal HF's in fp32 (``tests/engines/llm/test_families.py``). Not yet: batch
-invariance (an expert's matmul sees however many rows the batch routed to it), packed int4 / int8 experts
-(they stay in the model's dtype whatever ``weights`` says; the router too, always).
+invariance (an expert's matmul sees however many rows the batch routed to it).
 """
 
 from __future__ import annotations
@@ -29,8 +31,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from sluice.engines.llm.config import ModelConfig
-from sluice.engines.llm.kernels import kernel_path
+from sluice.engines.llm.kernels import kernel_path, native_cpu
 from sluice.engines.llm.layers.mlp import ACTIVATIONS
+from sluice.engines.llm.quant.packed import COMPUTE_DTYPE, Int4Weight, PackedWeight
 
 
 class Router(nn.Module):
@@ -58,6 +61,52 @@ class Stacked(nn.Module):
         if not self.transposed:
             self.weight = nn.Parameter(self.weight.detach().transpose(1, 2).contiguous(), requires_grad=False)
             self.transposed = True
+
+
+    def grouped(self, rows: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+        """``rows`` sorted by expert (expert ``e``'s end at ``ends[e]``, int32) times each one's matrix."""
+        return F.grouped_mm(rows, self.weight.to(rows.dtype), offs=ends)
+
+
+class PackedStacked(nn.Module):
+    """One projection of every expert in a packed CPU form (``weights``: int4 / int8 / bf16, or a quantised
+    GGUF's experts under ``auto``: ``quant/policy.py``), standing in for :class:`Stacked` once loaded.
+
+    Int4 experts where Sluice's int4 kernel runs go through one native call that loops over the experts
+    (``kernels/native/int4_grouped.cpp``); other forms (int8, bf16, int4 on CPUs without AVX512-BF16) call
+    each expert that some row chose in turn, from Python."""
+
+    def __init__(self, experts: list[PackedWeight], bias: torch.Tensor | None) -> None:
+        super().__init__()
+        self.experts = experts
+        self.bias = bias  # (experts, out) in the model's dtype, or None
+        self.out_features = experts[0].out_features
+        self.native_int4 = all(isinstance(w, Int4Weight) for w in experts)
+
+    def grouped(self, rows: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+        """As :meth:`Stacked.grouped`, in ``rows``' dtype (computed in bf16)."""
+        if self.native_int4 and native_cpu.int4_matmul_usable():
+            out = native_cpu.int4_grouped_matmul(rows.to(COMPUTE_DTYPE).contiguous(), ends.to(torch.int64),
+                                                 [w.packed for w in self.experts],  # type: ignore[attr-defined]
+                                                 [w.scale_zero for w in self.experts])  # type: ignore[attr-defined]  # fmt: skip
+            return out[:, : self.out_features].to(rows.dtype)
+        out = torch.empty(rows.shape[0], self.out_features, dtype=rows.dtype)
+        start = 0
+        for expert, end in zip(self.experts, ends.tolist(), strict=True):  # only the experts rows chose
+            if end > start:
+                out[start:end] = expert.matmul(rows[start:end])
+            start = end
+        return out
+
+
+def pack_experts(model: nn.Module, packed: dict[str, list[PackedWeight]]) -> None:
+    """Swap the :class:`Stacked` modules named in ``packed`` for their packed experts (biases kept)."""
+    for name, experts in packed.items():
+        parent_name, _, attr = name.rpartition(".")
+        parent = model.get_submodule(parent_name)
+        old = getattr(parent, attr)
+        bias = old.bias if old.bias is not None and old.bias.device.type != "meta" else None
+        setattr(parent, attr, PackedStacked(experts, bias))
 
 
 class GroupedExperts(nn.Module):
@@ -106,7 +155,7 @@ class SparseMoE(nn.Module):
         weights, ids = self.route(x)
         flat = ids.reshape(-1)  # (tokens * k,) token-major
         gate_up_proj, down_proj, width = self.experts.gate_up_proj, self.experts.down_proj, self.experts.width
-        if kernel_path(x) == "triton":  # one kernel per projection, rows sorted by expert inside
+        if kernel_path(x) == "triton" and isinstance(gate_up_proj, Stacked):  # one kernel per projection
             from sluice.engines.llm.kernels.triton_moe import grouped_matmul
 
             gate_up = _biased(grouped_matmul(x, gate_up_proj.weight.to(x.dtype), flat, k), gate_up_proj, flat)
@@ -116,12 +165,11 @@ class SparseMoE(nn.Module):
         else:
             by_expert = torch.argsort(flat, stable=True)
             expert_of = flat.index_select(0, by_expert)
-            offsets = torch.bincount(flat, minlength=self.num_experts).cumsum(0).to(torch.int32)
+            ends = torch.bincount(flat, minlength=self.num_experts).cumsum(0).to(torch.int32)
             rows = x.index_select(0, by_expert // k)  # (tokens * k, hidden), grouped by expert
-            gate_up = F.grouped_mm(rows, gate_up_proj.weight.to(x.dtype), offs=offsets)
-            gate, up = _biased(gate_up, gate_up_proj, expert_of).split(width, dim=-1)
-            grouped = F.grouped_mm(self.gated(gate, up), down_proj.weight.to(x.dtype), offs=offsets)
-            grouped = _biased(grouped, down_proj, expert_of)
+            gate_up = _biased(gate_up_proj.grouped(rows, ends), gate_up_proj, expert_of)
+            gate, up = gate_up.split(width, dim=-1)
+            grouped = _biased(down_proj.grouped(self.gated(gate, up), ends), down_proj, expert_of)
             out = torch.empty_like(grouped).index_copy_(0, by_expert, grouped)  # back to token-major
         per_slot = out.view(n, k, -1) * weights.unsqueeze(-1)
         total = per_slot[:, 0]
@@ -130,6 +178,6 @@ class SparseMoE(nn.Module):
         return total
 
 
-def _biased(rows: torch.Tensor, proj: Stacked, experts: torch.Tensor) -> torch.Tensor:
+def _biased(rows: torch.Tensor, proj: Stacked | PackedStacked, experts: torch.Tensor) -> torch.Tensor:
     """``rows`` plus each row's expert's bias (gpt-oss), or ``rows`` as they are."""
     return rows if proj.bias is None else rows + proj.bias.to(rows.dtype).index_select(0, experts)

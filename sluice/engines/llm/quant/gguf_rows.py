@@ -137,3 +137,31 @@ def cat_rows(parts: list[GGUFRows]) -> GGUFRows:
     if any(p.tensor_type != first.tensor_type or p.shape[1] != first.shape[1] for p in parts):
         raise ValueError("cat_rows needs parts of one GGUF type and width")
     return GGUFRows(first.tensor_type, (sum(p.shape[0] for p in parts), first.shape[1]), tuple(parts))
+
+
+@dataclass(frozen=True)
+class ExpertRows:
+    """A GGUF tensor of stacked expert matrices ``(experts, rows, cols)`` (llama.cpp's ``ffn_*_exps``): each
+    expert's matrix its own :class:`GGUFRows`, read only when converted."""
+
+    experts: tuple[GGUFRows, ...]
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return (len(self.experts), *self.experts[0].shape)
+
+    @property
+    def tensor_type(self) -> int:
+        return self.experts[0].tensor_type
+
+    def to_float(self) -> torch.Tensor:
+        """Every expert dequantised, float32 ``(experts, rows, cols)``."""
+        return torch.stack([expert.to_float() for expert in self.experts])
+
+
+def cat_expert_rows(parts: list[ExpertRows]) -> ExpertRows:
+    """Each expert's rows of ``parts`` one after the other (gate then up: one fused projection per expert)."""
+    return ExpertRows(tuple(cat_rows([p.experts[e] for p in parts]) for e in range(len(parts[0].experts))))
+
+
+Loaded = torch.Tensor | GGUFRows | ExpertRows  # a checkpoint tensor as the loader hands it to the model

@@ -13,7 +13,9 @@ from safetensors.torch import load_file, save_file
 
 from sluice.engines.llm import LLM, SamplingParams
 from sluice.engines.llm.gguf_file import GGUFFile
+from sluice.engines.llm.layers.moe import PackedStacked
 from sluice.engines.llm.quant.mxfp4 import dequantize_mxfp4
+from sluice.engines.llm.quant.packed import Int8Weight
 from tests.support.llama_cpp import convert
 from tests.support.tiny_llms import save_tiny_model
 
@@ -71,10 +73,14 @@ def test_a_checkpoint_with_mxfp4_experts_equals_hf_on_its_float_weights(
                                 pad_token_id=0)[0, len(p):].tolist() for p in prompts]  # fmt: skip
     gguf = convert(mxfp4_dir, tmp_path / "gpt-oss-mxfp4.gguf")
     assert any(t.tensor_type == MXFP4 for t in GGUFFile(gguf).tensors)
-    for path in (mxfp4_dir, gguf):
-        with caplog.at_level("WARNING", logger="sluice.engines.llm.weights"):
-            llm = LLM(path, enable_prefix_caching=False)
+    for path in (mxfp4_dir, gguf):  # fp32: the GGUF's MXFP4 experts dequantised, not packed as auto does
+        with caplog.at_level("WARNING", logger="sluice.engines.llm.model"):
+            llm = LLM(path, enable_prefix_caching=False, weights="fp32")
         outputs = llm.generate(prompts, SamplingParams(max_tokens=16, ignore_eos=True))
         assert [o.token_ids for o in outputs] == expected, path.name
-    # the user is told what dequantising the file's experts costs in memory
-    assert "gpt-oss-mxfp4.gguf: its quantised experts are dequantised at load" in caplog.text
+    # the user is told what keeping a file's quantised experts in float costs in memory
+    assert "the quantised experts take" in caplog.text and "(weights: fp32; auto or int4 keep them" in caplog.text
+    # auto keeps the GGUF's MXFP4 experts packed (int8: no int4 kernel reads MXFP4 as it is)
+    experts = LLM(gguf, enable_prefix_caching=False).runner.model.layers[0].mlp.experts
+    assert isinstance(experts.gate_up_proj, PackedStacked)
+    assert all(isinstance(w, Int8Weight) for w in experts.gate_up_proj.experts)

@@ -16,6 +16,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("int4_matmul_available", &int4_matmul_available, "whether int4_matmul has its vector path here");
   m.def("int4_matmul", &int4_matmul, "x @ W.T for a packed int4 CPU weight, bfloat16 (int4_matmul.cpp)",
         py::arg("x"), py::arg("packed"), py::arg("scale_zero"), py::arg("portable") = false);
+  m.def("int4_grouped_matmul", &int4_grouped_matmul,
+        "rows sorted by expert, each run through its expert's packed int4 weight (int4_grouped.cpp)");
   m.def("decode_layers", &decode_layers, "every int4 Llama layer of a decode-only step (decode_layers.cpp)");
   m.def("top_k_rows", &top_k_rows, "indices of each row's k largest values, float32 / bfloat16 (top_k.cpp)");
 }

@@ -33,6 +33,10 @@ bool int4_matmul_available();
 at::Tensor int4_matmul(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scale_zero,
                           bool portable = false);
 
+// int4_grouped.cpp
+at::Tensor int4_grouped_matmul(const at::Tensor& x, const at::Tensor& ends, const std::vector<at::Tensor>& packed,
+                                  const std::vector<at::Tensor>& scale_zero);
+
 // top_k.cpp
 at::Tensor top_k_rows(const at::Tensor& x, int64_t k);
 
