@@ -5,7 +5,9 @@
 * ``parity`` rows: paged attention on every ragged layout of ``kernels.synthetic.LAYOUTS`` (decode at
   block edges, long prefills, continued chunks, zero-row sequences, GQA groups 3/1/8; unused cache slots
   NaN, so a stray read shows) in fp16 and bf16, against the reference loop in fp32 on the same rounded
-  inputs; ``store_kv`` in fp16 and bf16, bit-exact. Tolerances as in tests/engines/llm/kernels.
+  inputs; the same with gpt-oss's attention sinks on one layout; the mixture-of-experts grouped matmul
+  (``kernels/triton_moe.py``) against its reference; ``store_kv`` in fp16 and bf16, bit-exact. Tolerances as
+  in tests/engines/llm/kernels.
 * ``timing`` rows: one layer's attention call at the real models' head layouts (Llama-3.2-1B 32/8 heads
   of 64, Qwen3-0.6B 16/8 of 128) in bf16: the Triton kernel, the vectorised torch path over the same
   paged cache, and torch's ``scaled_dot_product_attention`` on dense, unpaged K/V padded to the longest
@@ -39,9 +41,10 @@ def _dtype(torch: Any, name: str) -> Any:
     return {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[name]
 
 
-def attention_parity(layout: Any, dtype: Any, tolerance: float, device: str) -> dict[str, Any]:
+def attention_parity(layout: Any, dtype: Any, tolerance: float, device: str, sinks: bool = False) -> dict[str, Any]:
     """Max abs error against the reference, and whether every element is within ``tolerance`` (absolute
-    plus relative, as ``torch.testing.assert_close`` with atol = rtol = tolerance; NaN fails)."""
+    plus relative, as ``torch.testing.assert_close`` with atol = rtol = tolerance; NaN fails). ``sinks``:
+    with gpt-oss's per-head sink logits."""
     import torch
 
     from sluice.engines.llm.kernels import reference
@@ -50,12 +53,32 @@ def attention_parity(layout: Any, dtype: Any, tolerance: float, device: str) -> 
 
     cpu = make_batch(layout, dtype=dtype, poison_unused=True)
     query, k_cache, v_cache, tables, starts, lens, scale = cpu.args()
+    sink = torch.randn(query.shape[1], generator=torch.Generator().manual_seed(2)) * 2 if sinks else None
     # fp32 over the same rounded inputs: the error measured is the kernel's, not the inputs' rounding
-    want = reference.paged_attention(query.float(), k_cache.float(), v_cache.float(), tables, starts, lens, scale)
+    want = reference.paged_attention(query.float(), k_cache.float(), v_cache.float(), tables, starts, lens, scale,
+                                     sinks=sink)  # fmt: skip
     dev = make_batch(layout, dtype=dtype, poison_unused=True, device=device)
-    got = paged_attention(*dev.args(), out=torch.full_like(dev.query, float("nan"))).float().cpu()
+    got = paged_attention(*dev.args(), out=torch.full_like(dev.query, float("nan")),
+                          sinks=None if sink is None else sink.to(device)).float().cpu()  # fmt: skip
     err = (got - want).abs().nan_to_num(float("inf"))
     return {"max_abs_err": float(err.max()) if got.numel() else 0.0, "tolerance": tolerance,
+            "ok": bool(torch.allclose(got, want, atol=tolerance, rtol=tolerance))}
+
+
+def moe_parity(dtype: Any, tolerance: float, device: str, tokens: int, d_in: int, d_out: int) -> dict[str, Any]:
+    """The experts' grouped-matmul kernel (gate/up: each token read by its 8 experts) against its reference."""
+    import torch
+
+    from sluice.engines.llm.kernels.triton_moe import grouped_matmul, reference_grouped_matmul
+
+    gen = torch.Generator().manual_seed(3)
+    ids = torch.randint(0, 15, (tokens * 8,), generator=gen)  # 8 of 16 experts a token; one never chosen
+    a = torch.randn(tokens, d_in, generator=gen).to(dtype)
+    w = (torch.randn(16, d_in, d_out, generator=gen) / d_in**0.5).to(dtype)
+    want = reference_grouped_matmul(a.float(), w.float(), ids, 8)
+    got = grouped_matmul(a.to(device), w.to(device), ids.to(device), 8).float().cpu()
+    err = (got - want).abs().nan_to_num(float("inf"))
+    return {"max_abs_err": float(err.max()), "tolerance": tolerance,
             "ok": bool(torch.allclose(got, want, atol=tolerance, rtol=tolerance))}
 
 
@@ -139,9 +162,12 @@ def main() -> None:
     clock = Clock(args.budget_s)
     parity = {f"attention {dt} {layout.name}": (dt, layout) for dt in TOLERANCES for layout in LAYOUTS}
     stores = {f"store_kv {dt}": dt for dt in TOLERANCES}
+    sinks = {f"attention sinks {dt} {LAYOUTS[1].name}": dt for dt in TOLERANCES}  # gpt-oss
+    experts = {f"moe grouped matmul {dt}": dt for dt in TOLERANCES}
     cases = {f"time {case[0]} [{model}]": (case, heads) for model, heads in HEAD_LAYOUTS[args.profile].items()
              for case in TIMING_CASES[args.profile]}
     rows = Rows(args.out, {**dict.fromkeys(parity, "parity"), **dict.fromkeys(stores, "parity"),
+                           **dict.fromkeys(sinks, "parity"), **dict.fromkeys(experts, "parity"),
                            **dict.fromkeys(cases, "timing")})
     for name, (dt, layout) in parity.items():
         if dry and dt == "bf16":
@@ -150,6 +176,15 @@ def main() -> None:
         with rows.attempt(name):
             rows.measured(name, "parity", dtype=dt,
                           **attention_parity(layout, _dtype(torch, dt), TOLERANCES[dt], args.device))
+    for name, dt in {**sinks, **experts}.items():
+        if dry and dt == "bf16":
+            rows.reason(name, "CUDA only: the Triton interpreter has no bf16 (it runs, and computes wrongly)")
+            continue
+        with rows.attempt(name):
+            found = (attention_parity(LAYOUTS[1], _dtype(torch, dt), TOLERANCES[dt], args.device, sinks=True)
+                     if name in sinks else moe_parity(_dtype(torch, dt), TOLERANCES[dt], args.device,
+                                                      *((4, 64, 48) if dry else (96, 512, 384))))  # fmt: skip
+            rows.measured(name, "parity", dtype=dt, **found)
     for name, dt in stores.items():
         with rows.attempt(name):
             found = store_parity(_dtype(torch, dt), args.device)

@@ -91,6 +91,8 @@ def test_the_dry_run_checks_the_kernels_and_the_plain_llama_for_real(dry_run: tu
     fp16 = [r for name, r in kernels.items() if name.startswith("attention fp16")]
     assert len(fp16) == 6 and all(r["reason"] is None and r["ok"] for r in fp16)
     assert kernels["store_kv fp16"]["bit_exact"] and kernels["store_kv bf16"]["bit_exact"]
+    assert kernels["moe grouped matmul fp16"]["ok"]  # the experts' kernel
+    assert [r["ok"] for n, r in kernels.items() if n.startswith("attention sinks fp16")] == [True]  # gpt-oss
     assert all(r["reason"] is None and r["triton_ms"] > 0 for n, r in kernels.items() if n.startswith("time "))
     llama = _rows(report, "llm-tiny-llama")
     assert llama["parity fp32"]["exact"] == llama["parity fp32"]["prompts"] == 8
