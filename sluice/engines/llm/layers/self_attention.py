@@ -2,8 +2,8 @@
 
 One fused Q/K/V matmul (with biases when the family has them), optional q/k RMSNorm before the rotary (per
 head: Qwen3, Gemma 3; across heads: OLMo 2), rotary on the first ``rotary_dim`` dims (none on SmolLM3's NoPE
-layers), then :func:`store_and_attend` with this
-layer's :class:`AttentionParams` (scale, sliding window, logit soft-cap), then the output projection.
+layers), then :func:`store_and_attend` with this layer's :class:`AttentionParams` (scale, sliding window,
+logit soft-cap, gpt-oss's per-head sinks), then the output projection.
 Without q/k norms the query and key heads are rotated in one call (the same arithmetic per element: the
 rotation does not mix heads), which halves the rotary's operations per layer.
 """
