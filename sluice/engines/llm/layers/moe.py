@@ -81,14 +81,15 @@ class PackedStacked(nn.Module):
         self.experts = experts
         self.bias = bias  # (experts, out) in the model's dtype, or None
         self.out_features = experts[0].out_features
-        self.native_int4 = all(isinstance(w, Int4Weight) for w in experts)
+        int4 = [w for w in experts if isinstance(w, Int4Weight)]
+        # the native call's arguments, gathered once here rather than on every step
+        self.int4_tensors = ([w.packed for w in int4], [w.scale_zero for w in int4]) if len(int4) == len(experts) else None
 
     def grouped(self, rows: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
         """As :meth:`Stacked.grouped`, in ``rows``' dtype (computed in bf16)."""
-        if self.native_int4 and native_cpu.int4_matmul_usable():
+        if self.int4_tensors is not None and native_cpu.int4_matmul_usable():
             out = native_cpu.int4_grouped_matmul(rows.to(COMPUTE_DTYPE).contiguous(), ends.to(torch.int64),
-                                                 [w.packed for w in self.experts],  # type: ignore[attr-defined]
-                                                 [w.scale_zero for w in self.experts])  # type: ignore[attr-defined]  # fmt: skip
+                                                 *self.int4_tensors)
             return out[:, : self.out_features].to(rows.dtype)
         out = torch.empty(rows.shape[0], self.out_features, dtype=rows.dtype)
         start = 0
