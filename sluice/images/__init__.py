@@ -1,0 +1,1 @@
+"""Images in records: decoding, the model's preprocessing, fetching from a location."""
