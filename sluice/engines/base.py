@@ -53,8 +53,13 @@ def first_line(err: BaseException) -> str:
 class RecordError(EngineError):
     """One input cannot be handled (too long, wrong type...). The record goes to the dead-letter topic.
 
-    Raised from ``prepare``; it never stops the pipeline.
+    Raised from ``prepare``; it never stops the pipeline. ``stage`` names the step that failed in the
+    dead letter's ``stage`` header: ``prepare`` unless a finer step is known (``fetch``, ``decode-image``).
     """
+
+    def __init__(self, message: str, stage: str = "prepare") -> None:
+        super().__init__(message)
+        self.stage = stage
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +126,12 @@ class BatchEngine(ModelInfo, ABC):
         record at a time when it needs to know which record failed.
         """
         return list(values)
+
+    def prepare_each(self, values: Sequence[Any]) -> list[Any]:
+        """``prepare``, where a value that fails alone may give its exception (a RecordError) in its place, so
+        the runner need not prepare the batch again one record at a time (image fetches are not repeated).
+        Default: ``prepare``, which raises."""
+        return self.prepare(values)
 
     def item_length(self, item: Any) -> int:
         """Length of one prepared item in the unit of ``max_batch_tokens`` (tokens). Default 1."""

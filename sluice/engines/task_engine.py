@@ -18,6 +18,7 @@ finds them without checking the machine (``backend.find()``), and drops the task
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from sluice.engines.backends.base import Backend, LoadRequest, ModelFiles
@@ -71,9 +72,12 @@ class TaskEngine(BatchEngine):
 
     def _create_task(self, files: ModelFiles) -> Task:
         return self.task_type.create(self.task_options, TaskContext(engine=self.engine_name, files=files,
-                                                                    max_batch_size=self.context.max_batch_size))
+                                                                    max_batch_size=self.context.max_batch_size,
+                                                                    pipeline_dir=Path(self.context.pipeline_dir)))
 
     def close(self) -> None:
+        if self.task is not None:
+            self.task.close()
         self.backend.close()
 
     def model_source(self) -> ModelSource:
@@ -95,6 +99,11 @@ class TaskEngine(BatchEngine):
         if self.task is None:
             raise RuntimeError(f"engine {self.engine_name}: prepare called before start()")
         return self.task.prepare(values)
+
+    def prepare_each(self, values: Sequence[Any]) -> list[Any]:
+        if self.task is None:
+            raise RuntimeError(f"engine {self.engine_name}: prepare called before start()")
+        return self.task.prepare_each(values)
 
     def item_length(self, item: Any) -> int:
         return self.task.item_length(item) if self.task is not None else 1

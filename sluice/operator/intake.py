@@ -19,7 +19,7 @@ from __future__ import annotations
 import operator
 from typing import Any
 
-from sluice.engines.base import BatchEngine, ContinuousEngine, EngineError, RecordOrigin
+from sluice.engines.base import BatchEngine, ContinuousEngine, EngineError, RecordError, RecordOrigin
 from sluice.operator.emitter import Emitter, Failure
 from sluice.operator.observer import Observer
 from sluice.operator.record import InputRecord, Pending, TopicPartition
@@ -125,27 +125,38 @@ class Intake:
 
     def _prepare(self, decoded: list[Decoded], rejected: list[Failure]) -> list[tuple[Pending, int]]:
         """Engine ``prepare`` (and ``item_length``) for all records at once; one by one only when that fails,
-        so that only the records it fails on alone are dead-lettered, with the engine's own exception."""
+        so that only the records it fails on alone are dead-lettered, with the engine's own exception (an engine
+        may also give a record's exception in its place: ``prepare_each``)."""
         engine = self.serving.engine
         try:
             items = _prepare_values(engine, decoded)
             if len(items) != len(decoded):
                 raise EngineError(f"prepare returned {len(items)} items for {len(decoded)} values")
-            if self._measure:
-                return [(Pending(r, d, it), _length(engine, it)) for (r, d, _), it in zip(decoded, items, strict=True)]
-            return [(Pending(r, d, it), 1) for (r, d, _), it in zip(decoded, items, strict=True)]
         except Exception:
-            pass
+            items = [_prepare_one(engine, one) for one in decoded]
         accepted = []
-        for r, d, v in decoded:
+        for (r, d, _), item in zip(decoded, items, strict=True):
+            if isinstance(item, BaseException):  # RecordError, or anything else the engine raised on this input
+                rejected.append((r, item.stage if isinstance(item, RecordError) else "prepare", item))
+                continue
             try:
-                items = _prepare_values(engine, [(r, d, v)])
-                if len(items) != 1:
-                    raise EngineError(f"prepare returned {len(items)} items for one value")
-                accepted.append((Pending(r, d, items[0]), _length(engine, items[0]) if self._measure else 1))
-            except Exception as err:  # RecordError, or anything else the engine raises on this one input
+                length = _length(engine, item) if self._measure else 1
+            except Exception as err:
                 rejected.append((r, "prepare", err))
+                continue
+            accepted.append((Pending(r, d, item), length))
         return accepted
+
+
+def _prepare_one(engine: BatchEngine | ContinuousEngine, decoded: Decoded) -> Any:
+    """One record's item, or the exception preparing it alone raises."""
+    try:
+        items = _prepare_values(engine, [decoded])
+        if len(items) != 1:
+            raise EngineError(f"prepare returned {len(items)} items for one value")
+        return items[0]
+    except Exception as err:
+        return err
 
 
 def _prepare_values(engine: BatchEngine | ContinuousEngine, decoded: list[Decoded]) -> list[Any]:
@@ -154,7 +165,7 @@ def _prepare_values(engine: BatchEngine | ContinuousEngine, decoded: list[Decode
     if isinstance(engine, ContinuousEngine):
         return engine.prepare_records(values, [RecordOrigin(r.tp.topic, r.tp.partition, r.offset, r.key)
                                                for r, _, _ in decoded])  # fmt: skip
-    return engine.prepare(values)
+    return engine.prepare_each(values)
 
 
 def _length(engine: BatchEngine | ContinuousEngine, item: Any) -> int:

@@ -48,6 +48,7 @@ class TaskContext:
     engine: str  # engine type name, for messages
     files: ModelFiles  # where the model's configs and tokenizer are
     max_batch_size: int
+    pipeline_dir: Path = Path(".")  # the pipeline file's folder: relative paths in records resolve against it
 
 
 @dataclass(slots=True)
@@ -79,6 +80,11 @@ class Task(ABC):
     def prepare(self, values: Sequence[Any]) -> list[Any]:
         """Decoded record values -> items (tokenised). Raises RecordError (single-value calls only)."""
 
+    def prepare_each(self, values: Sequence[Any]) -> list[Any]:
+        """``prepare``, a failing value's RecordError in its place where the task can (image fetches are not
+        repeated record by record). Default: ``prepare``, which raises."""
+        return self.prepare(values)
+
     def item_length(self, item: Any) -> int:
         """Length of an item in the unit of ``max_batch_tokens``: tokens. Default 1."""
         return 1
@@ -94,6 +100,9 @@ class Task(ABC):
     @abstractmethod
     def warmup_items(self, num_items: int) -> list[Any]:
         """``num_items`` prepared items to warm the model up with (no record needed)."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release what the task holds (fetch and decode threads). Called once, with the engine's close."""
 
     def result_schema(self) -> dict[str, Any] | None:
         """A JSON Schema every result of ``postprocess`` validates against (schema-registry outputs derive
