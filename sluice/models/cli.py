@@ -91,13 +91,15 @@ def run_fetch(args: argparse.Namespace) -> int:
 
 
 def run_export(args: argparse.Namespace) -> int:
+    from sluice.engines.backends.base import ModelClass
     from sluice.engines.tasks import registry
     from sluice.models.export import export_to_onnx
+    from sluice.models.export_images import text_graph_path
 
     directory: Path = args.directory
-    text_tasks = registry.text_task_names()
-    if args.task not in text_tasks:
-        print(f"sluice: error: --task must be one of {', '.join(text_tasks)} (got {args.task!r})", file=sys.stderr)
+    exportable = registry.exportable_task_names()
+    if args.task not in exportable:
+        print(f"sluice: error: --task must be one of {', '.join(exportable)} (got {args.task!r})", file=sys.stderr)
         return 2
     if not ((directory / "config.json").is_file() or (directory / "modules.json").is_file()):
         print(f"sluice: error: {directory} is not a Hugging Face model directory (no config.json)", file=sys.stderr)
@@ -111,6 +113,8 @@ def run_export(args: argparse.Namespace) -> int:
         model_dir = task.model_dir(directory)
         tmp = out.with_name(f".{out.name}.tmp")
         seconds = export_to_onnx(model_dir, tmp, task.model_class, trust_remote_code=args.trust_remote_code)
+        if task.model_class is ModelClass.IMAGE_TEXT:  # its text tower, beside it
+            text_graph_path(tmp).replace(text_graph_path(out))
         tmp.replace(out)
     except (ModelError, EngineStartError) as err:
         print(f"sluice: error: {err}", file=sys.stderr)
@@ -120,7 +124,7 @@ def run_export(args: argparse.Namespace) -> int:
         return 1
     print(f"sluice: exported {model_dir} for task {args.task} in {seconds:.1f} s; the ONNX graph matches torch",
           file=sys.stderr)
-    if not (directory / "tokenizer.json").is_file() and not (model_dir / "tokenizer.json").is_file():
+    if task.text and not (directory / "tokenizer.json").is_file() and not (model_dir / "tokenizer.json").is_file():
         print(f"sluice: warning: no tokenizer.json in {directory}: the engines tokenise texts with it; save the "
               "model's fast tokenizer beside the model before running it", file=sys.stderr)
     print(out)

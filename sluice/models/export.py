@@ -7,7 +7,8 @@ returns the head's output:
 * encoder: ``last_hidden_state`` ``(batch, sequence, hidden)`` -- pooling is left to the task
   (:mod:`sluice.engines.tasks.pooling`) so every engine pools the same way;
 * sequence classification: ``logits`` ``(batch, labels)``;
-* token classification: ``logits`` ``(batch, sequence, labels)``.
+* token classification: ``logits`` ``(batch, sequence, labels)``;
+* image models: their own graphs (:mod:`sluice.models.export_images`).
 
 Every export is checked: the graph runs on a batch of another shape than the one traced (which catches a
 shape baked in as a constant) and must agree with torch within :data:`MAX_ABS_DIFF` on every unmasked value.
@@ -84,6 +85,11 @@ def export_to_onnx(model_dir: Path, onnx_path: Path, model_class: ModelClass, *,
                                   trust_remote_code=trust_remote_code)
     except EngineStartError as err:
         raise ExportLoadError(str(err).removeprefix("engine torch: ")) from None
+    if model_class.images:  # pixel inputs, and an image-text model's two towers: their own graphs
+        from sluice.models.export_images import export_image_model
+
+        with _quiet():
+            return export_image_model(model, model_dir, onnx_path, model_class) + (time.perf_counter() - start_s)
     names = input_names(model, segments)
     wrapper = _keyword_call(model, names, model_class.output_name)
     vocab_size = int(model.config.vocab_size)

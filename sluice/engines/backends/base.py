@@ -39,6 +39,10 @@ class ModelClass(str, Enum):
     ENCODER = "encoder"  # AutoModel -> last_hidden_state (batch, tokens, hidden)
     SEQUENCE_CLASSIFICATION = "sequence-classification"  # ...ForSequenceClassification -> logits (batch, labels)
     TOKEN_CLASSIFICATION = "token-classification"  # ...ForTokenClassification -> logits (batch, tokens, labels)
+    IMAGE_CLASSIFICATION = "image-classification"  # ...ForImageClassification: pixel_values -> logits (batch, labels)
+    # CLIP / SigLIP: two towers into one space, each its own graph (sluice.engines.image_text):
+    # pixel_values -> image_embeds (batch, dim), and input_ids [+ attention_mask] -> text_embeds (batch, dim)
+    IMAGE_TEXT = "image-text"
     ANY = "any"  # the raw task: whatever the model is, fed as it declares
 
     @property
@@ -49,18 +53,28 @@ class ModelClass(str, Enum):
     @property
     def output_name(self) -> str:
         """The output an export of this head is given (``""`` for ANY)."""
+        if self is ModelClass.IMAGE_TEXT:
+            return "image_embeds"  # the first graph's; the text graph gives text_embeds
         return "last_hidden_state" if self is ModelClass.ENCODER else "" if self is ModelClass.ANY else "logits"
 
     @property
     def architecture_suffix(self) -> str:
         """How the ``architectures`` entry of a matching config.json ends (``""``: any)."""
         return {ModelClass.SEQUENCE_CLASSIFICATION: "ForSequenceClassification",
-                ModelClass.TOKEN_CLASSIFICATION: "ForTokenClassification"}.get(self, "")
+                ModelClass.TOKEN_CLASSIFICATION: "ForTokenClassification",
+                ModelClass.IMAGE_CLASSIFICATION: "ForImageClassification"}.get(self, "")
+
+    @property
+    def images(self) -> bool:
+        """Whether the model takes ``pixel_values`` (an image tower) rather than tokens alone."""
+        return self in (ModelClass.IMAGE_CLASSIFICATION, ModelClass.IMAGE_TEXT)
 
 
 _AUTO_CLASSES = {ModelClass.ENCODER: "AutoModel",
                  ModelClass.SEQUENCE_CLASSIFICATION: "AutoModelForSequenceClassification",
-                 ModelClass.TOKEN_CLASSIFICATION: "AutoModelForTokenClassification", ModelClass.ANY: ""}
+                 ModelClass.TOKEN_CLASSIFICATION: "AutoModelForTokenClassification",
+                 ModelClass.IMAGE_CLASSIFICATION: "AutoModelForImageClassification", ModelClass.IMAGE_TEXT: "AutoModel",
+                 ModelClass.ANY: ""}
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,7 +6,8 @@ export is cached by the directory's content (:mod:`sluice.models.export_cache`; 
 an image without torch is given an export made with ``sluice models export``).
 
 Providers are tried in the given order; one that this onnxruntime build lacks, or that fails to initialise
-(no GPU), is skipped with a warning. On CUDA/TensorRT, outputs are bound with IO binding. onnxruntime is
+(no GPU), is skipped with a warning. An image-text model (CLIP, SigLIP) is two graphs, ``model.onnx`` (the
+image tower) and ``text.onnx`` beside it; a batch runs on the one giving its output. On CUDA/TensorRT, outputs are bound with IO binding. onnxruntime is
 imported in ``open``, never at module import.
 """
 
@@ -71,6 +72,16 @@ def onnx_file(files: ModelFiles, request: LoadRequest, export_cache_dir: str | N
         raise EngineStartError(str(err)) from None
 
 
+def _text_graph(model_file: Path) -> Path:
+    """The text tower of an image-text model: ``text.onnx`` beside its ``model.onnx`` (image tower)."""
+    path = model_file.with_name("text.onnx")
+    if not path.is_file():
+        raise EngineStartError(f"an image-text model runs as two graphs: {model_file} (the image tower) and "
+                               f"{path} (the text tower), which is missing; export both from the Hugging Face "
+                               "directory (sluice models export DIR --task image-text-embedding)")
+    return path
+
+
 def _int8(model_file: Path, model_dir: Path | None) -> Path:
     from sluice.engines.backends.onnx_int8 import int8_model
 
@@ -99,6 +110,7 @@ class OnnxBackend(Backend):
         self.ops = NUMPY_OPS
         self._files: ModelFiles | None = None
         self._session: Any = None
+        self._by_output: dict[str, Any] = {}  # output name -> the session giving it (image-text: two graphs)
         self._use_io_binding = False
         self._io_device = "cuda"
         self._flush_denormals = bool(getattr(options, "flush_denormals", True))
@@ -123,24 +135,37 @@ class OnnxBackend(Backend):
         assert self._files is not None  # locate() comes first
         model_file = onnx_file(self._files, request, self.options.export_cache_dir, self.context)
         if getattr(self.options, "quantize", "none") == "int8":
+            if request.model_class.images:
+                raise EngineStartError("quantize: int8 rewrites text models (it calibrates on texts); use quantize: "
+                                       "none for an image model")
             model_file = _int8(model_file, request.model_dir)
         self.load_request = request
         providers = onnx_providers.available_providers(ort, self.options.providers)
+        session = self._load(ort, model_file, providers, request, token_inputs=request.max_tokens is not None
+                             and not request.model_class.images)
+        self.providers_used = list(session.get_providers())
+        onnx_providers.report_providers(self.options.providers, ort.get_available_providers(), self.providers_used)
+        sessions = [session]
+        if request.model_class is ModelClass.IMAGE_TEXT:  # the text tower is its own graph, beside model.onnx
+            sessions.append(self._load(ort, _text_graph(model_file), providers, request, token_inputs=True))
+        self._session = session
+        self._by_output = {node.name: each for each in sessions for node in each.get_outputs()}
+        self.model_file = model_file
+        self._use_io_binding = self.providers_used[0] in onnx_providers.GPU_PROVIDERS
+        return ModelIO(inputs=tuple(spec for each in sessions for spec in tensor_specs(each.get_inputs())),
+                       outputs=tuple(spec for each in sessions for spec in tensor_specs(each.get_outputs())))
+
+    def _load(self, ort: Any, model_file: Path, providers: list[str], request: LoadRequest, *,
+              token_inputs: bool) -> Any:
         try:
             with denormals.preserved():  # the session's option must not leave this thread flushing for good
-                session = ort.InferenceSession(
+                return ort.InferenceSession(
                     str(model_file), sess_options=self._session_options(ort),
                     providers=onnx_providers.with_options(providers, model_file, max_batch_size=request.max_batch_size,
                                                           max_length=request.max_tokens or 1,
-                                                          token_inputs=request.max_tokens is not None))
+                                                          token_inputs=token_inputs))
         except Exception as err:  # onnxruntime raises its own exception types for bad files
             raise EngineStartError(f"cannot load ONNX model {model_file}: {first_line(err)}") from None
-        self.providers_used = list(session.get_providers())
-        onnx_providers.report_providers(self.options.providers, ort.get_available_providers(), self.providers_used)
-        self._session = session
-        self.model_file = model_file
-        self._use_io_binding = self.providers_used[0] in onnx_providers.GPU_PROVIDERS
-        return ModelIO(inputs=tensor_specs(session.get_inputs()), outputs=tensor_specs(session.get_outputs()))
 
     def _session_options(self, ort: Any) -> Any:
         options = ort.SessionOptions()
@@ -156,17 +181,20 @@ class OnnxBackend(Backend):
         return options
 
     def run(self, feeds: Mapping[str, np.ndarray], output_names: Sequence[str]) -> list[Any]:
-        """One session run. On a GPU provider, inputs and outputs go through IO binding."""
+        """One session run (the graph giving the first output asked for). On a GPU provider, inputs and outputs
+        go through IO binding."""
+        session = self._by_output.get(output_names[0], self._session)
         if not self._use_io_binding:
             with denormals.flushing() if self._flush_denormals else contextlib.nullcontext():
-                return list(self._session.run(output_names, feeds))
-        binding = self._session.io_binding()
+                return list(session.run(output_names, feeds))
+        binding = session.io_binding()
         for name, array in feeds.items():
             binding.bind_cpu_input(name, np.ascontiguousarray(array))
         for name in output_names:
             binding.bind_output(name, self._io_device)  # allocated on the device; no host round trip
-        self._session.run_with_iobinding(binding)
+        session.run_with_iobinding(binding)
         return list(binding.copy_outputs_to_cpu())
 
     def close(self) -> None:
         self._session = None
+        self._by_output = {}

@@ -3,7 +3,8 @@
 * ``model``: a known model name or a Hugging Face directory (``config.json`` + safetensors), loaded offline
   with the auto class of the task's head (:func:`sluice.engines.torch_models.load_hf_model`). Called with
   keyword tensors (``input_ids``, ``attention_mask``, and ``token_type_ids`` where the model has segments);
-  outputs are read by name.
+  outputs are read by name. An image model (:mod:`sluice.engines.vision_models`) runs as its graphs: a
+  batch goes to the graph giving the first output asked for, its inputs passed in the graph's order.
 * ``factory`` / ``torchscript`` / ``exported`` (task raw): called with one positional tensor per entry of
   ``inputs``, in that order; ``input_shapes`` / ``input_dtypes`` declare them, ``outputs`` names the results
   (a tensor, a tuple/list in that order, or a dict holding those keys).
@@ -43,6 +44,7 @@ class TorchBackend(Backend):
         self._staging: torch_device.HostStaging | None = None
         self._keyword = False  # True for Hugging Face models (keyword inputs, named outputs)
         self._input_order: list[str] = []  # positional order for in-code modules
+        self._graphs: dict[str, Any] = {}  # image models: output name -> vision_models.Graph
         self.device: Any = None  # after open(): the torch.device the module runs on
         self.dtype: Any = None  # after open(): the compute dtype
 
@@ -88,16 +90,24 @@ class TorchBackend(Backend):
 
     def run(self, feeds: Mapping[str, np.ndarray], output_names: Sequence[str]) -> list[Any]:
         assert self._staging is not None  # set in open(); not user input
+        if self._graphs:
+            graph = self._graphs[output_names[0]]
+            return [graph.module(*self._positional(graph.inputs, feeds))]
         if self._keyword:
             tensors = {name: self._staging.to_device(name, array) for name, array in feeds.items()}
             returned = self._module(**tensors)
             return [returned[name] for name in output_names]
+        return self._outputs(self._module(*self._positional(self._input_order, feeds)), output_names)
+
+    def _positional(self, names: Sequence[str], feeds: Mapping[str, np.ndarray]) -> list[Any]:
+        """The feeds named ``names``, in that order, on the device (floats in the compute dtype)."""
+        assert self._staging is not None
         args = []
-        for name in self._input_order:
+        for name in names:
             array = feeds[name]
             floating = np.issubdtype(array.dtype, np.floating)
             args.append(self._staging.to_device(name, array, self.dtype if floating else None))
-        return self._outputs(self._module(*args), output_names)
+        return args
 
     def close(self) -> None:
         self._module = None
@@ -112,6 +122,8 @@ class TorchBackend(Backend):
             raise EngineStartError("engine torch: task raw runs a factory, torchscript or exported module")
         model = torch_models.load_hf_model(request.model_dir, request.model_class,
                                            trust_remote_code=request.trust_remote_code)
+        if request.model_class.images:
+            return model, self._image_graphs(model, request.model_class, request.model_dir)
         accepted = set(inspect.signature(model.forward).parameters)
         # Segment ids only where the model has segments to tell apart (BERT: 2; RoBERTa-style: 1).
         segments = int(getattr(model.config, "type_vocab_size", 0) or 0) > 1
@@ -119,6 +131,17 @@ class TorchBackend(Backend):
         self._keyword = True
         inputs = tuple(TensorSpec(name=n, dtype=np.int64, shape=(None, None)) for n in names)
         return model, ModelIO(inputs=inputs, outputs=(TensorSpec(request.model_class.output_name, np.float32, ()),))
+
+    def _image_graphs(self, model: Any, model_class: ModelClass, model_dir: Path) -> ModelIO:
+        from sluice.engines import vision_models
+
+        graphs = vision_models.graphs(model, model_class, model_dir)
+        self._graphs = {graph.output: graph for graph in graphs}  # they share the model's weights, moved in open()
+        inputs = {name: TensorSpec(name, np.float32 if name == "pixel_values" else np.int64,
+                                   (None, 3, None, None) if name == "pixel_values" else (None, None))
+                  for graph in graphs for name in graph.inputs}
+        return ModelIO(inputs=tuple(inputs.values()),
+                       outputs=tuple(TensorSpec(graph.output, np.float32, ()) for graph in graphs))
 
     def _load_in_code(self) -> Any:
         options = self.options
