@@ -27,6 +27,8 @@ _MODULES: dict[str, str] = {
     "text-classification": "sluice.engines.tasks.text_classification",
     "token-classification": "sluice.engines.tasks.token_classification",
     "cross-encoder": "sluice.engines.tasks.cross_encoder",
+    "image-classification": "sluice.engines.tasks.image_classification",
+    "image-text-embedding": "sluice.engines.tasks.image_text_embedding",
     "raw": "sluice.engines.tasks.raw",
 }
 
@@ -39,6 +41,11 @@ def names() -> list[str]:
 def text_task_names() -> list[str]:
     """Tasks whose inputs are tokenised text (every one but raw)."""
     return [name for name in _MODULES if lookup(name).text]
+
+
+def exportable_task_names() -> list[str]:
+    """Tasks with a head to export to ONNX (every one but raw, which runs a graph as it is)."""
+    return [name for name in _MODULES if lookup(name).model_class.value != "any"]
 
 
 def check_name(name: str, allowed: list[str]) -> str:
@@ -62,7 +69,8 @@ def task_fields() -> type[BaseModel]:
     """
     # ``task`` first: fields are validated in order, so every task option can check it belongs to the task.
     task = Field(default=DEFAULT_TASK, description="What the model's outputs mean: `text-embedding`, "
-                 "`text-classification`, `token-classification`, `cross-encoder` or `raw` (tensors in and out).")
+                 "`text-classification`, `token-classification`, `cross-encoder`, `image-classification`, "
+                 "`image-text-embedding` or `raw` (tensors in and out).")
     fields: dict[str, Any] = {"task": (str, task)}
     owners: dict[str, str] = {}
     for name in names():

@@ -33,7 +33,7 @@ def _validate(options: str, engine: str = "onnx") -> Any:
 
 @pytest.mark.parametrize(("engine", "options", "fragments"), [
     ("onnx", "  task: text-embedding\n  top_k: 3",
-     ["engine.top_k (line 8)", "'top_k' is an option of task text-classification, not of task text-embedding"]),
+     ["engine.top_k (line 8)", "'top_k' is an option of task text-classification / image-classification, not of task text-embedding"]),
     ("torch", "  task: text-classification\n  topk: 3", ["engine.topk (line 8)", "unknown key"]),
     ("onnx", "  task: sentiment", ["engine.task (line 7)", "unknown task 'sentiment'"]),
     ("tensorrt", "  task: raw\n  inputs: {x: y}", ["engine.task", "expected one of ['text-embedding'"]),
@@ -64,10 +64,11 @@ def test_a_task_gets_its_own_options_with_its_defaults() -> None:
 
 def test_every_task_is_registered_with_a_model_class() -> None:
     assert registry.names() == ["text-embedding", "text-classification", "token-classification", "cross-encoder",
-                                "raw"]
-    assert registry.text_task_names() == registry.names()[:-1]
+                                "image-classification", "image-text-embedding", "raw"]
+    assert registry.text_task_names() == registry.names()[:4]
+    assert registry.exportable_task_names() == registry.names()[:-1]
     assert {registry.lookup(name).model_class.value for name in registry.names()} == {
-        "encoder", "sequence-classification", "token-classification", "any"}
+        "encoder", "sequence-classification", "token-classification", "image-classification", "image-text", "any"}
 
 
 # ---------------------------------------------------------------------------------------- start-up errors

@@ -1,0 +1,134 @@
+"""The image tasks on the onnx and torch engines against transformers, image by image, on tiny random models.
+
+References, from the very same directories: ``pipeline("image-classification")`` over the image files, and
+``CLIPModel`` / ``SiglipModel``'s ``get_image_features`` / ``get_text_features`` on what the model's own
+processor and tokenizer make of them. Images: JPEG, PNG, WebP in RGB, RGBA, L, CMYK and P, odd sizes, one
+EXIF-rotated; batches mix them.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from sluice.engines.base import RecordError
+from tests.support.tiny_images import image_files, save_clip, save_siglip, save_vit_classifier
+
+SCORE_TOLERANCE = 1e-4
+MIN_COSINE = 0.9999
+TEXTS = ["a photo of a cat", "a red car on a street", "", "two dogs playing in the snow " * 20, "Zürich 東京 👍"]
+
+
+@pytest.fixture(scope="module")
+def images() -> dict[str, bytes]:
+    return image_files()
+
+
+@pytest.fixture(scope="module")
+def image_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("image-models")
+    return {"vit": save_vit_classifier(root / "vit"), "clip": save_clip(root / "clip"),
+            "siglip": save_siglip(root / "siglip"), "siglip-ids-only": save_siglip(root / "siglip-ids", ids_only=True)}
+
+
+def _pil(data: bytes) -> Any:
+    from PIL import Image, ImageOps
+
+    return ImageOps.exif_transpose(Image.open(io.BytesIO(data))).convert("RGB")
+
+
+def _infer(engine: Any, values: list[Any], batch_size: int = 4) -> list[Any]:
+    """Prepared a record at a time (as the operator does), run in batches that mix the images."""
+    items = [engine.prepare([value])[0] for value in values]
+    results: list[Any] = []
+    for start in range(0, len(items), batch_size):
+        results.extend(engine.infer(items[start : start + batch_size]))
+    return results
+
+
+def _cosines(got: np.ndarray, want: np.ndarray) -> np.ndarray:
+    return (got * want).sum(axis=1) / (np.linalg.norm(got, axis=1) * np.linalg.norm(want, axis=1))
+
+
+@pytest.mark.parametrize("backend", ["onnx", "torch"])
+def test_image_classification_equals_the_pipeline(backend: str, image_models: dict[str, Path],
+                                                  images: dict[str, bytes], make_engine: Callable[..., Any],
+                                                  tmp_path: Path) -> None:
+    from transformers import pipeline
+
+    paths = []
+    for name, data in images.items():
+        (tmp_path / name).write_bytes(data)
+        paths.append(str(tmp_path / name))
+    want = pipeline("image-classification", model=str(image_models["vit"]), device="cpu")(paths, top_k=3)
+    engine = make_engine(backend, model=str(image_models["vit"]), task="image-classification", top_k=3)
+    got = _infer(engine, list(images.values()))
+    for name, got_one, want_one in zip(images, got, want, strict=True):
+        assert [r["label"] for r in got_one] == [r["label"] for r in want_one], name
+        np.testing.assert_allclose([r["score"] for r in got_one], [r["score"] for r in want_one],
+                                   atol=SCORE_TOLERANCE, err_msg=name)
+    assert len({r[0]["label"] for r in got}) > 1, "a model that gives one label everywhere proves little"
+
+
+@pytest.mark.parametrize(("model", "backend"), [("clip", "onnx"), ("clip", "torch"), ("siglip", "onnx"),
+                                                ("siglip", "torch"), ("siglip-ids-only", "onnx")])
+def test_image_text_embedding_equals_get_features(model: str, backend: str, image_models: dict[str, Path],
+                                                  images: dict[str, bytes], make_engine: Callable[..., Any]) -> None:
+    import torch
+    from transformers import AutoImageProcessor, AutoModel, AutoTokenizer
+
+    directory = image_models[model]
+    reference = AutoModel.from_pretrained(str(directory)).eval()
+    processor = AutoImageProcessor.from_pretrained(str(directory), backend="pil")
+    tokenizer = AutoTokenizer.from_pretrained(str(directory))
+    padding: dict[str, Any] = {"padding": "max_length"} if model.startswith("siglip") else {}
+    with torch.no_grad():
+        want_images = [reference.get_image_features(**processor(images=[_pil(data)], return_tensors="pt"))
+                       for data in images.values()]
+        want_texts = [reference.get_text_features(**tokenizer([text], truncation=True, return_tensors="pt",
+                                                              **padding)) for text in TEXTS]
+    want = np.stack([getattr(w, "pooler_output", w)[0].numpy() for w in [*want_images, *want_texts]])
+    engine = make_engine(backend, model=str(directory), task="image-text-embedding",
+                         inputs={"image": "picture", "text": "caption"})
+    records = [{"picture": data} for data in images.values()] + [{"caption": text} for text in TEXTS]
+    got = np.asarray(_infer(engine, records, batch_size=5), dtype=np.float32)  # batches mix images and texts
+    assert got.shape == want.shape
+    assert _cosines(got, want).min() >= MIN_COSINE
+    np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-3)
+
+
+def test_images_from_base64_and_locations_equal_images_from_bytes(image_models: dict[str, Path],
+                                                                   images: dict[str, bytes], tmp_path: Path,
+                                                                   make_engine: Callable[..., Any]) -> None:
+    model = str(image_models["vit"])
+    for name, data in images.items():
+        (tmp_path / name).write_bytes(data)
+    from_bytes = _infer(make_engine("onnx", model=model, task="image-classification"), list(images.values()))
+    from_base64 = _infer(make_engine("onnx", model=model, task="image-classification", warmup=False,
+                                     image={"source": "base64"}),
+                         [base64.b64encode(d).decode() for d in images.values()])
+    located = make_engine("onnx", model=model, task="image-classification", warmup=False,
+                          image={"source": "location"})
+    from_paths = _infer(located, [str(tmp_path / name) for name in images])
+    assert from_bytes == from_base64 == from_paths
+    assert len(from_bytes[0]) == 5  # the pipeline's default top_k
+
+
+def test_a_bad_image_fails_alone_with_its_stage(image_models: dict[str, Path], images: dict[str, bytes],
+                                                make_engine: Callable[..., Any], tmp_path: Path) -> None:
+    engine = make_engine("torch", model=str(image_models["vit"]), task="image-classification", warmup=False,
+                         image={"source": "location"})
+    good = tmp_path / "good.png"
+    good.write_bytes(images["rgb-odd.png"])
+    (tmp_path / "text.jpg").write_text("I am not a JPEG")
+    items = engine.prepare_each([str(good), str(tmp_path / "missing.jpg"), str(tmp_path / "text.jpg"), 42])
+    assert not isinstance(items[0], RecordError)
+    assert [getattr(item, "stage", None) for item in items[1:]] == ["fetch", "decode-image", "prepare"]
+    with pytest.raises(RecordError):
+        engine.prepare([str(tmp_path / "missing.jpg")])
