@@ -13,7 +13,7 @@ set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ROOT="$(dirname "$HERE")"
 VENV="${SLUICE_VENV:-/opt/sluice}"
-EXTRAS="onnx,torch,llm,export,telemetry,schema-registry,files"
+EXTRAS="onnx,torch,llm,export,telemetry,schema-registry,files,images"
 CONSTRAINTS="$ROOT/constraints/main.txt"
 PYTHON="${PYTHON:-python3}"
 TORCH_INDEX=""
@@ -29,7 +29,7 @@ Installs Sluice into the virtual environment DIR (created when missing): first i
 in the constraints file, then Sluice from a wheel. Without --wheel, the wheel is built from this checkout.
 
   --venv DIR          the environment (default: $SLUICE_VENV, else /opt/sluice)
-  --extras LIST       Sluice's extras, comma-separated (default: onnx,torch,llm,export,telemetry,schema-registry,files)
+  --extras LIST       Sluice's extras, comma-separated (default: onnx,torch,llm,export,telemetry,schema-registry,files,images)
   --wheel FILE        the Sluice wheel to install (pip wheel --no-deps -w dist .)
   --torch-index URL   take torch from this package index first, e.g. https://download.pytorch.org/whl/cpu for
                       the CPU-only build (a fraction of the default CUDA one); the pinned version still holds

@@ -27,7 +27,8 @@ TOPICS = {"reviews": 3, "reviews.embeddings": 3, "reviews.shouted": 3, "reviews.
           "reviews.extracted": 3, "reviews.dlq": 1,
           "reviews.sentiment": 3, "events": 3, "events.entities": 3, "events.dlq": 1,
           "search.candidates": 3, "search.scored": 3, "search.dlq": 1,
-          "reviews-avro": 3, "reviews-avro.embeddings": 3, "reviews-avro.dlq": 1}
+          "reviews-avro": 3, "reviews-avro.embeddings": 3, "reviews-avro.dlq": 1,
+          "uploads": 3, "uploads.labels": 3, "uploads.dlq": 1}
 
 REVIEW_SCHEMA = {"type": "record", "name": "Review", "namespace": "shop.reviews",
                  "fields": [{"name": "review_id", "type": "long"}, {"name": "product", "type": "string"},

@@ -29,7 +29,7 @@ from tests.support.kafka import consume_all, create_topic, produce, unique_topic
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
-EXTRAS = "onnx,torch,llm,export,telemetry,schema-registry,files"  # the CPU image's
+EXTRAS = "onnx,torch,llm,export,telemetry,schema-registry,files,images"  # the CPU image's
 NUM_REVIEWS = 48
 
 
