@@ -69,7 +69,8 @@ class Codec(Section):
     # openai-batch: lines of OpenAI's batch API ({"custom_id", "method", "url", "body"}) for the llm engine,
     # answered with lines as OpenAI's batch output file has them (sluice/schemas/openai_batch.py)
     format: Literal["json", "raw", "avro", "protobuf", "json_schema", "openai-batch"] = "json"
-    """`json`: a JSON object per record; `raw`: the UTF-8 value is the input; `avro`, `protobuf`,
+    """`json`: a JSON object per record; `raw`: the UTF-8 value is the input (for an image task with
+    `engine.image.source: bytes`, the value's bytes: an image file); `avro`, `protobuf`,
     `json_schema`: Schema Registry framing; `openai-batch`: OpenAI's batch request lines (the `llm`
     engine)."""
     input_field: str = Field(default="text", min_length=1)

@@ -127,6 +127,11 @@ class BatchEngine(ModelInfo, ABC):
         """
         return list(values)
 
+    def takes_bytes(self) -> bool:
+        """Whether a raw record's value reaches ``prepare`` as its bytes (image files) rather than UTF-8 text
+        (``codec.format: raw``). Default: text."""
+        return False
+
     def prepare_each(self, values: Sequence[Any]) -> list[Any]:
         """``prepare``, where a value that fails alone may give its exception (a RecordError) in its place, so
         the runner need not prepare the batch again one record at a time (image fetches are not repeated).

@@ -100,6 +100,9 @@ class TaskEngine(BatchEngine):
             raise RuntimeError(f"engine {self.engine_name}: prepare called before start()")
         return self.task.prepare(values)
 
+    def takes_bytes(self) -> bool:
+        return self.task_options.takes_bytes()
+
     def prepare_each(self, values: Sequence[Any]) -> list[Any]:
         if self.task is None:
             raise RuntimeError(f"engine {self.engine_name}: prepare called before start()")

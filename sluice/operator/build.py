@@ -233,7 +233,7 @@ def build_codec(loaded: LoadedPipeline, engine: BatchEngine | ContinuousEngine) 
         schemas = build_schema_format(p, engine.result_schema(), loaded.base_dir)
     except SchemaSetupError as err:
         raise StartError(f"schema registry: {err}") from None
-    return RecordCodec(p.codec, p.sink.output, schemas)
+    return RecordCodec(p.codec, p.sink.output, schemas, binary=isinstance(engine, BatchEngine) and engine.takes_bytes())
 
 
 def _build_observer(loaded: LoadedPipeline) -> Observer:

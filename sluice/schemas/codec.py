@@ -58,6 +58,7 @@ class RecordCodec:
     codec: Codec
     output: Output
     schemas: SchemaFormat | None = None  # avro, protobuf, json_schema (sluice/schemas/formats.py builds it)
+    binary: bool = False  # format raw: the value's bytes are the input (image files), not UTF-8 text
     shape: OutputShape = field(init=False)  # what an output holds (sink.output)
     _input_path: tuple[str, ...] = field(init=False)  # codec.input_field, split; () for the whole record
 
@@ -77,6 +78,8 @@ class RecordCodec:
         if self.schemas is not None:  # avro, protobuf, json_schema: their schema bounds the nesting
             return self.schemas.decode(value)
         if codec.format == "raw":
+            if self.binary:
+                return value, value
             try:
                 text = value.decode("utf-8")
             except UnicodeDecodeError as err:

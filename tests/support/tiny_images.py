@@ -18,6 +18,7 @@ import io
 import json
 import struct
 import zlib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -25,17 +26,26 @@ LABELS = ("cat", "dog", "bird", "fish", "car", "tree")
 SIDE = 32  # the models' image size
 
 
-def save_vit_classifier(target: Path, *, seed: int = 0, num_labels: int = len(LABELS)) -> Path:
+# ViT-Tiny's shape (DeiT-Tiny / vit_tiny_patch16_224: 5.7 M parameters), with a realistic initialiser range
+VIT_TINY = {"image_size": 224, "patch_size": 16, "hidden_size": 192, "num_hidden_layers": 12,
+            "num_attention_heads": 3, "intermediate_size": 768, "initializer_range": 0.02}
+
+
+def save_vit_classifier(target: Path, *, seed: int = 0, num_labels: int = len(LABELS),
+                        shape: Mapping[str, Any] | None = None) -> Path:
+    """``shape``: ViTConfig fields over the tiny default's (``image_size`` sizes the processor too), e.g.
+    :data:`VIT_TINY`."""
     import torch
     from transformers import ViTConfig, ViTForImageClassification, ViTImageProcessor
 
     labels = {i: LABELS[i % len(LABELS)] + ("" if i < len(LABELS) else str(i)) for i in range(num_labels)}
-    config = ViTConfig(image_size=SIDE, patch_size=8, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                       intermediate_size=64, initializer_range=0.4, id2label=labels,
-                       label2id={v: k for k, v in labels.items()})
+    dims = {"image_size": SIDE, "patch_size": 8, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
+            "intermediate_size": 64, "initializer_range": 0.4, **(shape or {})}
+    config = ViTConfig(**dims, id2label=labels, label2id={v: k for k, v in labels.items()})
     torch.manual_seed(seed)
     ViTForImageClassification(config).eval().save_pretrained(str(target))
-    ViTImageProcessor(size={"height": SIDE, "width": SIDE}, resample=2).save_pretrained(str(target))
+    side = int(dims["image_size"])
+    ViTImageProcessor(size={"height": side, "width": side}, resample=2).save_pretrained(str(target))
     return target
 
 

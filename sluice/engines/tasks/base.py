@@ -40,6 +40,10 @@ class TaskOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
+    def takes_bytes(self) -> bool:
+        """Whether the task reads a raw record's bytes as they are (an image file). Default: UTF-8 text."""
+        return False
+
 
 @dataclass(frozen=True, slots=True)
 class TaskContext:

@@ -32,6 +32,9 @@ PIPELINE_TOP_K = 5  # pipeline("image-classification")'s default
 class ImageClassificationOptions(TaskOptions):
     image: ImageOptions = Field(default_factory=ImageOptions)
     """Where each record's image is (`source`), and the limits on it."""
+
+    def takes_bytes(self) -> bool:
+        return self.image.source == "bytes"
     top_k: int | None = Field(default=None, ge=1)
     """How many labels each result lists, best first (default 5, as transformers' pipeline)."""
     function_to_apply: ScoreFunction | None = None

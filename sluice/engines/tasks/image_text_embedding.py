@@ -44,6 +44,9 @@ _FIELDS = ("image", "text")
 class ImageTextEmbeddingOptions(TaskOptions):
     image: ImageOptions = Field(default_factory=ImageOptions)
     """Where each record's image is (`source`), and the limits on it."""
+
+    def takes_bytes(self) -> bool:  # a raw value is an image's bytes unless inputs make every value a text
+        return self.image.source == "bytes" and (not self.inputs or self.inputs.get("image") == ".")
     inputs: dict[str, str] = Field(default_factory=dict)
     """Which records are images and which texts: unset, every value is an image; `{text: "."}`, every value is
     a text; `{image: FIELD, text: FIELD}`, a JSON object's image field when set, else its text field."""
