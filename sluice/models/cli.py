@@ -111,10 +111,11 @@ def run_export(args: argparse.Namespace) -> int:
     task = registry.lookup(args.task)
     try:
         model_dir = task.model_dir(directory)
-        tmp = out.with_name(f".{out.name}.tmp")
-        seconds = export_to_onnx(model_dir, tmp, task.model_class, trust_remote_code=args.trust_remote_code)
+        tmp, text_tmp = out.with_name(f".{out.name}.tmp"), out.with_name(".text.onnx.tmp")
+        seconds = export_to_onnx(model_dir, tmp, task.model_class, trust_remote_code=args.trust_remote_code,
+                                 text_path=text_tmp)
         if task.model_class is ModelClass.IMAGE_TEXT:  # its text tower, beside it
-            text_graph_path(tmp).replace(text_graph_path(out))
+            text_tmp.replace(text_graph_path(out))
         tmp.replace(out)
     except (ModelError, EngineStartError) as err:
         print(f"sluice: error: {err}", file=sys.stderr)

@@ -59,10 +59,11 @@ def export_encoder_to_onnx(model_dir: Path, onnx_path: Path) -> float:
 
 
 def export_to_onnx(model_dir: Path, onnx_path: Path, model_class: ModelClass, *, segments: bool | None = None,
-                   trust_remote_code: bool = False) -> float:
+                   text_path: Path | None = None, trust_remote_code: bool = False) -> float:
     """Write ``onnx_path`` from the HF model in ``model_dir`` with ``model_class``'s head; verify it; return the
     export time in seconds.
 
+    ``text_path``: an image-text model's text tower (default: ``text.onnx`` beside ``onnx_path``).
     ``segments``: whether the graph takes ``token_type_ids`` (default: when the model has more than one
     segment type). Raises ModelError (one line) when torch/transformers are missing, the directory holds no
     such model (a head without weights), or the exported graph disagrees with torch.
@@ -89,7 +90,7 @@ def export_to_onnx(model_dir: Path, onnx_path: Path, model_class: ModelClass, *,
         from sluice.models.export_images import export_image_model
 
         with _quiet():
-            return export_image_model(model, model_dir, onnx_path, model_class) + (time.perf_counter() - start_s)
+            return export_image_model(model, model_dir, onnx_path, model_class, text_path) + (time.perf_counter() - start_s)
     names = input_names(model, segments)
     wrapper = _keyword_call(model, names, model_class.output_name)
     vocab_size = int(model.config.vocab_size)

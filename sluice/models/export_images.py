@@ -26,14 +26,16 @@ MAX_ABS_DIFF = 1e-3  # largest allowed |onnx - torch| on any output value
 
 
 def text_graph_path(onnx_path: Path) -> Path:
-    """Where the text tower of an image-text model is written beside its ``model.onnx`` (or a temporary name
-    of it: ``.model.onnx.tmp`` -> ``.text.onnx.tmp``)."""
-    return onnx_path.with_name(onnx_path.name.replace("model.onnx", "text.onnx"))
+    """Where an image-text model's text tower goes: ``text.onnx`` beside the image tower's file (the onnx
+    backend looks for it there)."""
+    return onnx_path.with_name("text.onnx")
 
 
-def export_image_model(model: Any, model_dir: Path, onnx_path: Path, model_class: ModelClass) -> float:
-    """Write the graphs of the loaded HF ``model`` (``model.onnx``, and ``text.onnx`` for image-text); verify
-    each; return the seconds it took. ModelError (one line) when a graph disagrees with torch."""
+def export_image_model(model: Any, model_dir: Path, onnx_path: Path, model_class: ModelClass,
+                       text_path: Path | None = None) -> float:
+    """Write the graphs of the loaded HF ``model``: ``onnx_path``, and for image-text the text tower at
+    ``text_path`` (default: :func:`text_graph_path`); verify each; return the seconds it took. ModelError (one
+    line) when a graph disagrees with torch."""
     import torch
 
     start_s = time.perf_counter()
@@ -41,7 +43,7 @@ def export_image_model(model: Any, model_dir: Path, onnx_path: Path, model_class
     vocab = int(getattr(getattr(model.config, "text_config", None) or model.config, "vocab_size", 1000))
     onnx_path.parent.mkdir(parents=True, exist_ok=True)
     for graph in graphs(model, model_class, model_dir):
-        path = onnx_path if graph.name != "text" else text_graph_path(onnx_path)
+        path = onnx_path if graph.name != "text" else (text_path or text_graph_path(onnx_path))
         example = _example(torch, graph, batch=2, tokens=16, side=side, vocab=vocab, seed=0)
         axes = {name: ({0: "batch"} if name == "pixel_values" else {0: "batch", 1: "sequence"}) for name in graph.inputs}
         with torch.no_grad():

@@ -31,6 +31,9 @@ class EngineTaskOptions(tasks.task_fields()):  # type: ignore[misc]  # a class m
     @field_validator("task")
     @classmethod
     def _known_task(cls, value: str) -> str:
+        if cls.text_only and value in tasks.names() and value not in tasks.text_task_names():
+            raise ValueError(f"this engine runs text tasks; run task {value} on engine type onnx (on a GPU with "
+                             "providers: [tensorrt, cuda, cpu]) or torch")
         return tasks.check_name(value, tasks.text_task_names() if cls.text_only else tasks.names())
 
     @field_validator("*")

@@ -132,3 +132,28 @@ def test_a_bad_image_fails_alone_with_its_stage(image_models: dict[str, Path], i
     assert [getattr(item, "stage", None) for item in items[1:]] == ["fetch", "decode-image", "prepare"]
     with pytest.raises(RecordError):
         engine.prepare([str(tmp_path / "missing.jpg")])
+
+
+def test_an_export_made_ahead_of_time_runs_as_the_directory_does(image_models: dict[str, Path], tmp_path: Path,
+                                                                  images: dict[str, bytes],
+                                                                  make_engine: Callable[..., Any]) -> None:
+    """``sluice models export --task image-text-embedding`` writes both towers; a folder holding them runs."""
+    import shutil
+    import subprocess
+    import sys
+
+    folder = tmp_path / "clip-onnx"
+    shutil.copytree(image_models["clip"], folder)
+    proc = subprocess.run([sys.executable, "-m", "sluice.cli", "models", "export", str(folder), "--task",
+                           "image-text-embedding", "--out", str(folder / "clip.onnx")], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(p.name for p in folder.glob("*.onnx")) == ["clip.onnx", "text.onnx"]
+    records = [{"picture": data} for data in list(images.values())[:3]] + [{"caption": "a photo of a cat"}]
+    options = {"task": "image-text-embedding", "inputs": {"image": "picture", "text": "caption"}, "warmup": False}
+    exported = _infer(make_engine("onnx", model=str(folder / "clip.onnx"), **options), records)
+    from_directory = _infer(make_engine("onnx", model=str(image_models["clip"]), **options), records)
+    np.testing.assert_allclose(exported, from_directory, atol=1e-5)
+    (folder / "text.onnx").unlink()
+    with pytest.raises(Exception, match="text.onnx"):
+        make_engine("onnx", model=str(folder / "clip.onnx"), **options)

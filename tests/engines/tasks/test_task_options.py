@@ -33,10 +33,14 @@ def _validate(options: str, engine: str = "onnx") -> Any:
 
 @pytest.mark.parametrize(("engine", "options", "fragments"), [
     ("onnx", "  task: text-embedding\n  top_k: 3",
-     ["engine.top_k (line 8)", "'top_k' is an option of task text-classification / image-classification, not of task text-embedding"]),
+     ["engine.top_k (line 8)",
+      "'top_k' is an option of task text-classification / image-classification, not of task text-embedding"]),
     ("torch", "  task: text-classification\n  topk: 3", ["engine.topk (line 8)", "unknown key"]),
     ("onnx", "  task: sentiment", ["engine.task (line 7)", "unknown task 'sentiment'"]),
-    ("tensorrt", "  task: raw\n  inputs: {x: y}", ["engine.task", "expected one of ['text-embedding'"]),
+    ("tensorrt", "  task: raw\n  inputs: {x: y}", ["engine.task", "runs text tasks; run task raw on engine type onnx"]),
+    ("tensorrt", "  task: image-classification", ["engine.task", "run task image-classification on engine type onnx"]),
+    ("onnx", "  task: image-classification\n  image: {source: url}", ["engine.image.source", "'location'"]),
+    ("torch", "  task: image-text-embedding\n  inputs: {picture: p}", ["'image' and 'text' fields"]),
     ("onnx", "  task: cross-encoder", ["needs 'inputs: {text: FIELD, text_pair: FIELD}'"]),
     ("onnx", "  task: cross-encoder\n  inputs: {query: q, doc: d}", ["exactly the keys text and text_pair"]),
     ("torch", "  task: token-classification\n  aggregation_strategy: longest",
