@@ -32,6 +32,7 @@ import numpy as np
 
 from sluice.engines.base import EngineStartError, RecordError
 from sluice.engines.tasks.model_config import read_json
+from sluice.images.sizes import Size, read_size, shortest_edge_target
 
 if TYPE_CHECKING:
     from PIL import Image
@@ -61,34 +62,8 @@ _PROCESSORS: dict[str, dict[str, Any]] = {
     "BitImageProcessor": _defaults(3, _CLIP_MEAN, {"shortest_edge": 224}, default_to_square=False, **_CROP_224),
 }
 _BASE_DEFAULTS: dict[str, Any] = {"default_to_square": True, "rescale_factor": 1 / 255}
-_SIZE_FORMS = (frozenset({"height", "width"}), frozenset({"shortest_edge"}),
-               frozenset({"shortest_edge", "longest_edge"}), frozenset({"max_height", "max_width"}))
 _RESAMPLE = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic", 4: "box", 5: "hamming"}  # Pillow's codes
 _CONVNEXT_WARP_FROM = 384  # ConvNeXT: a shortest_edge this big warps to a square instead of resize-and-crop
-
-
-@dataclass(frozen=True, slots=True)
-class Size:
-    """One of transformers' size forms (exactly one form's fields are set)."""
-
-    height: int | None = None
-    width: int | None = None
-    shortest_edge: int | None = None
-    longest_edge: int | None = None
-    max_height: int | None = None
-    max_width: int | None = None
-
-    def target(self, height: int, width: int) -> tuple[int, int]:
-        """(height, width) an image of this size is resized to, with transformers' rounding."""
-        if self.height is not None and self.width is not None:
-            return self.height, self.width
-        if self.max_height is not None and self.max_width is not None:
-            scale = min(self.max_height / height, self.max_width / width)
-            return int(height * scale), int(width * scale)
-        assert self.shortest_edge is not None  # from_config admits no other form
-        if self.longest_edge is None:
-            return _shortest_edge_target(height, width, self.shortest_edge)
-        return _bounded_target(height, width, self.shortest_edge, self.longest_edge)
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,7 +115,7 @@ class ImagePreprocessor:
             settings["size"] = _SQUARE_224  # CLIP's legacy flag: a square of its default shortest_edge
         size = resample = crop_pct = None
         if settings.get("do_resize"):
-            size = _size(settings["size"], bool(settings["default_to_square"]), "size", source)
+            size = read_size(settings["size"], bool(settings["default_to_square"]), "size", source)
             resample = settings["resample"]
             if isinstance(resample, bool) or resample not in _RESAMPLE:
                 raise EngineStartError(f"{source}: resample must be one of Pillow's filter codes {_RESAMPLE}, "
@@ -152,7 +127,7 @@ class ImagePreprocessor:
                                            f"got {settings['size']!r}")
         crop = None
         if settings.get("do_center_crop"):
-            crop_size = _size(settings.get("crop_size"), True, "crop_size", source)
+            crop_size = read_size(settings.get("crop_size"), True, "crop_size", source)
             if crop_size.height is None or crop_size.width is None:
                 raise EngineStartError(f"{source}: crop_size must give height and width, got "
                                        f"{settings.get('crop_size')!r}")
@@ -178,6 +153,11 @@ class ImagePreprocessor:
 
     def __call__(self, image: Image.Image) -> np.ndarray:
         """An RGB image -> (3, height, width) float32. RecordError: see the module docstring."""
+        return self.values(self.pixels(image)[None])[0]
+
+    def pixels(self, image: Image.Image) -> np.ndarray:
+        """The resize and crop alone: an RGB image -> (height, width, 3) uint8, a quarter of the float values'
+        memory while it waits for its batch. RecordError: see the module docstring."""
         if image.mode != "RGB":
             raise ValueError(f"ImagePreprocessor takes RGB images (decode_image's), got mode {image.mode}")
         pixels: np.ndarray = np.asarray(image)  # (H, W, 3) uint8
@@ -191,9 +171,14 @@ class ImagePreprocessor:
                 pixels = _center_crop(pixels, then_crop)
         if self.crop is not None:
             pixels = _center_crop(pixels, self.crop)
-        out = np.empty((3, *pixels.shape[:2]), dtype=np.float32)  # (3, H, W)
+        return pixels
+
+    def values(self, pixels: np.ndarray) -> np.ndarray:
+        """Rescale and normalize a batch of :meth:`pixels` outputs of one size: (batch, height, width, 3) uint8
+        -> (batch, 3, height, width) float32, the model's ``pixel_values``."""
+        out = np.empty((pixels.shape[0], 3, *pixels.shape[1:3]), dtype=np.float32)
         for channel in range(3):
-            np.take(self._table[channel], pixels[:, :, channel], out=out[channel], mode="clip")
+            np.take(self._table[channel], pixels[..., channel], out=out[:, channel], mode="clip")
         return out
 
     def _resize_plan(self, height: int, width: int) -> tuple[tuple[int, int], tuple[int, int] | None]:
@@ -204,7 +189,7 @@ class ImagePreprocessor:
             return self.size.target(height, width), None
         if edge >= _CONVNEXT_WARP_FROM:
             return (edge, edge), None
-        return _shortest_edge_target(height, width, int(edge / self.crop_pct)), (edge, edge)
+        return shortest_edge_target(height, width, int(edge / self.crop_pct)), (edge, edge)
 
 
 def _processor_name(config: dict[str, Any], source: str) -> str:
@@ -224,20 +209,6 @@ def _processor_name(config: dict[str, Any], source: str) -> str:
     return base
 
 
-def _size(value: Any, default_to_square: bool, key: str, source: str) -> Size:
-    """transformers' size forms, as ``get_size_dict`` reads them (a null edge in a dict is an absent one)."""
-    given = {k: v for k, v in value.items() if v is not None} if isinstance(value, dict) else {}
-    if _positive_int(value):
-        return Size(height=value, width=value) if default_to_square else Size(shortest_edge=value)
-    if isinstance(value, list) and len(value) == 2 and all(map(_positive_int, value)):
-        return Size(height=value[0], width=value[1])
-    if frozenset(given) in _SIZE_FORMS and all(map(_positive_int, given.values())):
-        return Size(**given)
-    raise EngineStartError(f"{source}: {key} {value!r} is not supported: expected positive integers as "
-                           "{height, width}, {shortest_edge}, {shortest_edge, longest_edge}, "
-                           "{max_height, max_width}, an int or [height, width]")
-
-
 def _number(value: Any, key: str, source: str, positive: bool = False) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or (positive and value <= 0):
         raise EngineStartError(f"{source}: {key} must be a {'positive ' if positive else ''}number, got {value!r}")
@@ -252,32 +223,6 @@ def _channels(value: Any, key: str, source: str, nonzero: bool) -> tuple[float, 
         raise EngineStartError(f"{source}: {key} must be three {'non-zero ' if nonzero else ''}numbers "
                                f"(one per RGB channel), got {value!r}")
     return values[0], values[1], values[2]
-
-
-def _positive_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value > 0
-
-
-def _shortest_edge_target(height: int, width: int, edge: int) -> tuple[int, int]:
-    """The shorter side to ``edge``, the longer one scaled and truncated (torchvision's rule, as transformers')."""
-    short, long = (width, height) if width <= height else (height, width)
-    new_long = int(edge * long / short)
-    return (new_long, edge) if width <= height else (edge, new_long)
-
-
-def _bounded_target(height: int, width: int, edge: int, max_edge: int) -> tuple[int, int]:
-    """The shorter side to ``edge`` unless the longer one would pass ``max_edge`` (DETR's rule)."""
-    shortest, longest = float(min(height, width)), float(max(height, width))
-    raw: float | None = None
-    if longest / shortest * edge > max_edge:
-        raw = max_edge * shortest / longest
-        edge = int(round(raw))
-    if (height <= width and height == edge) or (width <= height and width == edge):
-        return height, width
-    scale = raw if raw is not None else edge
-    if width < height:
-        return int(scale * height / width), edge
-    return edge, int(scale * width / height)
 
 
 def _center_crop(pixels: np.ndarray, crop: tuple[int, int]) -> np.ndarray:

@@ -72,9 +72,8 @@ class ImageClassificationTask(Task):
         return list(self.inputs.prepare_each(values))
 
     def collate(self, items: Sequence[ImageItem]) -> list[ModelRun]:
-        return [ModelRun(feeds={"pixel_values": np.stack([items[i].pixels for i in rows])},
-                         output_names=[self.output], rows=rows)
-                for rows in self.inputs.collate(items).values()]
+        return [ModelRun(feeds={"pixel_values": pixels}, output_names=[self.output], rows=rows)
+                for rows, pixels in self.inputs.collate(items)]
 
     def postprocess(self, run: ModelRun, outputs: list[Any], ops: ArrayOps) -> list[Any]:
         scores = apply_function(self.function, ops.to_host(outputs[0]).astype(np.float32))  # (batch, labels)

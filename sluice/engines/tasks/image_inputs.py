@@ -4,9 +4,10 @@ A record carries its image as ``engine.image.source`` says: ``bytes`` (the whole
 ``codec.format: raw``, or an Avro / Protobuf ``bytes`` field), ``base64`` (a string; a ``data:`` URL too), or
 ``location`` (a path or URL, fetched by :class:`sluice.images.fetch.Fetcher` with bounded concurrency, a
 timeout and a size cap). The bytes are decoded (:func:`sluice.images.decode.decode_image`: EXIF orientation,
-RGB, refused bombs and unknown formats) and preprocessed as the model's own ``preprocessor_config.json``
+RGB, refused bombs and unknown formats), resized and cropped as the model's own ``preprocessor_config.json``
 says (:class:`sluice.images.preprocess.ImagePreprocessor`), all on the intake thread and its pools while the
-engine runs the previous batch.
+engine runs the previous batch. A prepared image waits for its batch as uint8 pixels (a quarter of the float
+values' memory); :meth:`ImageInputs.collate` rescales and normalises a batch at once.
 
 Guarantees: :meth:`ImageInputs.prepare_each` gives one entry per value, in order, and never raises for a bad
 value: a value that fails is its :class:`RecordError` in place, whose ``stage`` says where (``fetch``,
@@ -64,7 +65,7 @@ class ImageOptions(BaseModel):
 class ImageItem:
     """One record's image, ready for the model."""
 
-    pixels: np.ndarray  # (3, height, width) float32, the preprocessor's output
+    pixels: np.ndarray  # (height, width, 3) uint8, resized and cropped: rescaled and normalised per batch
 
 
 class ImageInputs:
@@ -104,18 +105,20 @@ class ImageInputs:
             return [self._item(data[0])]
         return list(self._decoders.map(self._item, data))
 
-    def collate(self, items: Sequence[ImageItem]) -> dict[tuple[int, ...], list[int]]:
-        """Item indices grouped by pixel shape (one group for fixed-size models): each group is one run."""
+    def collate(self, items: Sequence[ImageItem]) -> list[tuple[list[int], np.ndarray]]:
+        """Items grouped by size (one group for fixed-size models), each group's indices and its
+        ``pixel_values`` (group, 3, height, width) float32: one run per group."""
         groups: dict[tuple[int, ...], list[int]] = {}
         for index, item in enumerate(items):
             groups.setdefault(item.pixels.shape, []).append(index)
-        return groups
+        return [(rows, self.preprocessor.values(np.stack([items[i].pixels for i in rows])))
+                for rows in groups.values()]
 
     def warmup_item(self) -> ImageItem:
         from PIL import Image
 
         image = Image.new("RGB", (self.preprocessor_side(), self.preprocessor_side()), (127, 64, 200))
-        return ImageItem(self.preprocessor(image))
+        return ImageItem(self.preprocessor.pixels(image))
 
     def preprocessor_side(self) -> int:
         size = self.preprocessor.output_size
@@ -154,7 +157,7 @@ class ImageInputs:
             return RecordError(f"the image is {len(data)} bytes, more than engine.image.max_bytes "
                                f"({self.max_bytes})", stage="decode-image")
         try:
-            return ImageItem(self.preprocessor(decode_image(data, self.limits)))
+            return ImageItem(self.preprocessor.pixels(decode_image(data, self.limits)))
         except RecordError as err:
             return err
         except Exception as err:  # a codec's own failure on a file that passed the checks

@@ -122,9 +122,8 @@ class ImageTextEmbeddingTask(Task):
 
     def collate(self, items: Sequence[Any]) -> list[ModelRun]:
         images = [i for i, item in enumerate(items) if isinstance(item, ImageItem)]
-        runs = [ModelRun(feeds={"pixel_values": np.stack([items[images[j]].pixels for j in group])},
-                         output_names=["image_embeds"], rows=[images[j] for j in group])
-                for group in self.images.collate([items[i] for i in images]).values()]
+        runs = [ModelRun(feeds={"pixel_values": pixels}, output_names=["image_embeds"], rows=[images[j] for j in group])
+                for group, pixels in self.images.collate([items[i] for i in images])]
         texts = [i for i, item in enumerate(items) if isinstance(item, TokenizedText)]
         if texts:
             runs.append(ModelRun(feeds=self._text_feeds([items[i] for i in texts]), output_names=["text_embeds"],
