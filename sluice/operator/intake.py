@@ -11,7 +11,8 @@ Step by step, for one poll:
 1. the ledger tracks every record (before anything can be produced for it);
 2. the observer reads their headers; decode; ``prepare`` (all at once, one by one only to find the record a
    failure is about);
-3. the prepared records go to the batcher, and the engine thread is woken; the rejected ones are emitted.
+3. the prepared records go to the batcher, a batch's worth at a time, and the engine thread is woken each
+   time; the rejected ones are emitted.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from sluice.operator.serving import Serving
 from sluice.operator.stalls import Decoded, StallingDecoder
 from sluice.operator.state import SharedState
 
+MIN_CHUNK = 32  # small batches still prepare in chunks this large (tokenisers batch well; queueing costs a lock)
+
 
 class Intake:
     """Decode, prepare, queue. Intake thread only."""
@@ -37,6 +40,7 @@ class Intake:
         self.serving = serving  # whose ``prepare`` runs: the newest engine, from its hand-over on
         policy = state.batcher.policy
         self._measure = policy.bucket_by_length or policy.max_batch_tokens is not None  # need item lengths?
+        self._chunk = max(policy.max_batch_size, MIN_CHUNK)  # records prepared and queued at a time
 
     def take(self, records: list[InputRecord], now: float) -> None:
         """Records just polled (the first step of every record's path)."""
@@ -93,16 +97,22 @@ class Intake:
     # ------------------------------------------------------------------------------------------ inner
 
     def _admit(self, decoded: list[Decoded], rejected: list[Failure], now: float) -> None:
-        """Decoded records to the batcher (after ``prepare``), rejected ones to the dead-letter topic."""
+        """Decoded records to the batcher (after ``prepare``), rejected ones to the dead-letter topic.
+
+        A batch's worth at a time: the engine starts on the first batch while the rest of the poll is
+        prepared (images are fetched and decoded here: a whole poll of them would idle the engine)."""
         s = self.state
-        refused: list[Failure] = []
-        accepted = self._prepare(decoded, refused)
-        if (follow := s.queue(accepted, now)) is not None:  # the old engine's records were sealed meanwhile:
-            self.serving = follow  # these are the new engine's, prepared again by it
-            refused = []
-            accepted = self._prepare(decoded, refused)
-            s.queue(accepted, now)
-        rejected += refused
+        step = self._chunk
+        for start in range(0, len(decoded), step):
+            part = decoded[start : start + step]
+            refused: list[Failure] = []
+            accepted = self._prepare(part, refused)
+            if (follow := s.queue(accepted, now)) is not None:  # the old engine's records were sealed meanwhile:
+                self.serving = follow  # these are the new engine's, prepared again by it
+                refused = []
+                accepted = self._prepare(part, refused)
+                s.queue(accepted, now)
+            rejected += refused
         self.emitter.emit([], [], rejected, model=self.serving.header)
 
     def _observe_polled(self, records: list[InputRecord], now: float, rejected: list[Failure]) -> list[InputRecord]:
