@@ -160,8 +160,9 @@ class ImagePreprocessor:
         memory while it waits for its batch. RecordError: see the module docstring."""
         if image.mode != "RGB":
             raise ValueError(f"ImagePreprocessor takes RGB images (decode_image's), got mode {image.mode}")
-        pixels: np.ndarray = np.asarray(image)  # (H, W, 3) uint8
-        if self.size is not None:
+        if self.size is None:
+            pixels: np.ndarray = np.asarray(image)  # (H, W, 3) uint8
+        else:
             (height, width), then_crop = self._resize_plan(image.height, image.width)
             if height < 1 or width < 1 or height * width > MAX_RESIZED_PIXELS:
                 raise RecordError(f"the {image.width}x{image.height} image would resize to {width}x{height} "
