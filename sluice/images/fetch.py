@@ -19,32 +19,30 @@ Schemes: a plain path (a relative one resolves against ``base_dir``, the pipelin
 ``file://``; ``http``/``https`` through the standard library (the environment's proxy and CA settings, as
 urllib reads them; at most 10 redirects, to http or https only); any other scheme through fsspec and the
 protocol's package (s3fs, gcsfs, adlfs: credentials from the environment, as they read them), needed only
-for those schemes. A scheme not in ``FetchLimits.schemes`` is refused; plain paths count as ``file``.
+for those schemes. A scheme not in ``FetchLimits.schemes`` is refused; plain paths count as ``file``, and are
+read only inside ``local_roots`` when it names folders, and only when they are regular files (never a FIFO or
+a device, which would block a worker for good).
 """
 
 from __future__ import annotations
 
-import base64
 import math
 import os
 import re
 import socket
+import stat
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Sequence
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
-from contextlib import suppress
 from dataclasses import dataclass
-from functools import partial
-from http.client import HTTPConnection, HTTPSConnection
 from pathlib import Path
-from typing import Any
 
 from sluice.engines.base import RecordError, first_line
+from sluice.images.http_fetch import FetchTask, Refused, read_http
 
-_CHUNK_BYTES = 64 * 1024
 _SLACK_S = 0.5  # past a fetch's deadline, how long ``fetch`` still waits for its worker to report
 _POLL_S = 0.1  # how often ``fetch`` looks for fetches past their deadline
 _URL = re.compile(r"([a-z][a-z0-9+.-]*://)([^\s/?#@]*@)?([^\s?#]*)([?#]\S*)?", re.I)  # 2: userinfo, 4: query
@@ -60,14 +58,11 @@ class FetchLimits:
     max_bytes: int = 32 * 1024**2  # a larger body is refused
     max_concurrency: int = 16  # fetches in flight at once (the pool's threads)
     schemes: tuple[str, ...] = ("file", "http", "https", "s3", "gs", "az")  # plain paths count as "file"
+    local_roots: tuple[Path, ...] = ()  # local files only inside these folders (resolved); () for anywhere
 
     def __post_init__(self) -> None:
         if not (self.timeout_s > 0 and self.max_bytes >= 0 and self.max_concurrency >= 1):
             raise ValueError(f"fetch limits out of range: {self}")
-
-
-class _Failed(Exception):
-    """A reason to refuse a location, worded for the dead letter (no secrets)."""
 
 
 def redact(text: str, location: str = "") -> str:
@@ -80,79 +75,6 @@ def redact(text: str, location: str = "") -> str:
             if len(secret) >= 3:
                 text = text.replace(secret, "…")
     return text
-
-
-class _Task:
-    """One location's fetch: when its worker started it, the socket to shut down at its deadline. No lock:
-    ``abort`` sets ``aborted`` then reads the socket, ``watch`` the reverse, so one of them shuts it down."""
-
-    def __init__(self, timeout_s: float) -> None:
-        self.timeout_s = timeout_s
-        self.started: float | None = None  # set by the worker when it begins
-        self.aborted = False  # set by ``fetch``'s thread at the deadline
-        self._sock: socket.socket | None = None  # the connection in use, if any
-
-    def remaining_s(self) -> float:
-        return math.inf if self.started is None else self.started + self.timeout_s - time.monotonic()
-
-    def watch(self, sock: socket.socket | None) -> None:
-        """The connection now in use (a redirect opens the next one after closing the last)."""
-        self._sock = sock
-        if self.aborted:
-            self.abort()
-
-    def rearm(self) -> None:
-        """Before each read: the socket may wait only the time left; none left is a timeout."""
-        remaining, sock = self.remaining_s(), self._sock
-        if remaining <= 0 or self.aborted:
-            raise TimeoutError
-        with suppress(OSError):
-            if sock is not None:
-                sock.settimeout(remaining)
-
-    def abort(self) -> None:
-        """At the deadline: wake the worker if it is blocked on the socket (it then reports a timeout)."""
-        self.aborted, sock = True, self._sock
-        with suppress(OSError):  # closed already
-            if sock is not None:
-                sock.shutdown(socket.SHUT_RDWR)
-
-
-class _Watched:
-    """A connection that tells its task which socket it reads from, as soon as it has one."""
-
-    sock: socket.socket | None
-
-    def __init__(self, *args: Any, task: _Task, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)  # type: ignore[call-arg]
-        self._task = task
-
-    def connect(self) -> None:
-        super().connect()  # type: ignore[misc]
-        self._task.watch(self.sock)
-
-
-class _WatchedHTTP(_Watched, HTTPConnection): ...
-
-
-class _WatchedHTTPS(_Watched, HTTPSConnection): ...
-
-
-class _Handler(urllib.request.HTTPSHandler):
-    """Opens http and https URLs through watched connections."""
-
-    http_request = urllib.request.HTTPHandler.http_request  # Host, User-Agent... as https_request adds them
-
-    def __init__(self, task: _Task) -> None:
-        super().__init__()
-        self._task = task
-
-    def http_open(self, req: urllib.request.Request) -> Any:
-        return self.do_open(partial(_WatchedHTTP, task=self._task), req)
-
-    def https_open(self, req: urllib.request.Request) -> Any:
-        context = self._context  # type: ignore[attr-defined]
-        return self.do_open(partial(_WatchedHTTPS, task=self._task), req, context=context)
 
 
 class Fetcher:
@@ -171,7 +93,7 @@ class Fetcher:
         """One entry per location, in order: its bytes or a RecordError(stage="fetch"). Blocks until all
         are done or past their deadline (see the module's guarantees)."""
         timeout_s = self._limits.timeout_s
-        tasks = [_Task(timeout_s) for _ in locations]
+        tasks = [FetchTask(timeout_s) for _ in locations]
         futures = [self._pool.submit(self._run, at, task) for at, task in zip(locations, tasks, strict=True)]
         results: list[bytes | RecordError | None] = [None] * len(futures)
         waves = math.ceil(len(futures) / self._limits.max_concurrency)
@@ -195,7 +117,7 @@ class Fetcher:
         """Stop the pool; fetches still running (stuck past their deadline) are not waited for."""
         self._pool.shutdown(wait=False, cancel_futures=True)
 
-    def _run(self, location: object, task: _Task) -> bytes | RecordError:
+    def _run(self, location: object, task: FetchTask) -> bytes | RecordError:
         """On a pool thread: one location, every failure turned into a RecordError."""
         task.started = time.monotonic()
         if not isinstance(location, str) or not location:
@@ -203,9 +125,9 @@ class Fetcher:
         scheme = location.partition("://")[0].lower() if "://" in location else "file"
         try:
             if scheme not in self._limits.schemes:
-                raise _Failed(f"scheme {scheme!r} not allowed (only {', '.join(self._limits.schemes)})")
+                raise Refused(f"scheme {scheme!r} not allowed (only {', '.join(self._limits.schemes)})")
             if scheme in ("http", "https"):
-                return self._read_http(location, task)
+                return read_http(location, task, self._limits.max_bytes)
             return self._read_file(location) if scheme == "file" else self._read_fsspec(location, scheme)
         except Exception as err:  # noqa: BLE001 - any failure belongs to this one record
             return _error(location, _reason(err, timed_out=task.aborted, timeout_s=task.timeout_s))
@@ -216,63 +138,40 @@ class Fetcher:
         if "://" in location:
             parts = urllib.parse.urlsplit(location)
             if parts.netloc not in ("", "localhost"):
-                raise _Failed(f"a file URL with a host ({parts.netloc}); only this machine's files are read")
+                raise Refused(f"a file URL with a host ({parts.netloc}); only this machine's files are read")
             path = Path(urllib.request.url2pathname(parts.path))
         else:
             path = self._base_dir / location  # an absolute location stays itself
+        roots = self._limits.local_roots
+        if roots and not any(path.resolve().is_relative_to(root) for root in roots):
+            raise Refused(f"{path} is outside the folders local files are read from (local_roots)")
         if path.is_dir():
-            raise _Failed(f"{path} is a directory, not a file")
-        with open(path, "rb") as file:
-            if os.fstat(file.fileno()).st_size > self._limits.max_bytes:
-                raise _Failed(f"the file is over max_bytes ({self._limits.max_bytes})")
+            raise Refused(f"{path} is a directory, not a file")
+        # O_NONBLOCK: a FIFO or a device would block the worker for good; only a regular file is read
+        descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        with open(descriptor, "rb") as file:
+            status = os.fstat(file.fileno())
+            if not stat.S_ISREG(status.st_mode):
+                raise Refused(f"{path} is not a regular file")
+            if status.st_size > self._limits.max_bytes:
+                raise Refused(f"the file is over max_bytes ({self._limits.max_bytes})")
             return self._capped(file.read(self._limits.max_bytes + 1))
-
-    def _read_http(self, location: str, task: _Task) -> bytes:
-        parts = urllib.parse.urlsplit(location)
-        url = urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
-        request = urllib.request.Request(url, headers={"Accept-Encoding": "identity"})
-        if parts.username is not None:  # sent as Basic auth, and not on to the host of a redirect
-            userinfo = f"{urllib.parse.unquote(parts.username)}:{urllib.parse.unquote(parts.password or '')}"
-            token = base64.b64encode(userinfo.encode()).decode()
-            request.add_unredirected_header("Authorization", f"Basic {token}")
-        opener = urllib.request.OpenerDirector()  # http and https only: no ftp, file or data handlers
-        for handler in (urllib.request.ProxyHandler(), _Handler(task), urllib.request.HTTPRedirectHandler(),
-                        urllib.request.HTTPDefaultErrorHandler(), urllib.request.HTTPErrorProcessor(),
-                        urllib.request.UnknownHandler()):  # a redirect to ftp://: "unknown url type"
-            opener.add_handler(handler)
-        with opener.open(request, timeout=max(task.remaining_s(), 0.001)) as response:
-            declared = (response.headers.get("Content-Length") or "").strip()
-            if declared.isdigit() and int(declared) > self._limits.max_bytes:
-                raise _Failed(f"Content-Length {declared} is over max_bytes ({self._limits.max_bytes})")
-            chunks, size = [], 0
-            while True:
-                task.rearm()
-                chunk = response.read1(_CHUNK_BYTES)
-                if not chunk:
-                    break
-                size += len(chunk)
-                if size > self._limits.max_bytes:
-                    raise _Failed(f"the body is over max_bytes ({self._limits.max_bytes})")
-                chunks.append(chunk)
-        if task.aborted:  # the socket was shut down under the read, which then looked like the end
-            raise TimeoutError
-        return b"".join(chunks)
 
     def _read_fsspec(self, location: str, scheme: str) -> bytes:
         package = _PACKAGES.get(scheme, f"{scheme}fs")  # the usual name of a protocol's package
         try:
             import fsspec
         except ImportError:
-            raise _Failed(f"{scheme}:// locations need fsspec: pip install fsspec {package}") from None
+            raise Refused(f"{scheme}:// locations need fsspec: pip install fsspec {package}") from None
         try:
             with fsspec.open(location, "rb") as file:
                 return self._capped(file.read(self._limits.max_bytes + 1))
         except ImportError:  # fsspec knows the protocol; the package that implements it is missing
-            raise _Failed(f"{scheme}:// locations need {package}: pip install {package}") from None
+            raise Refused(f"{scheme}:// locations need {package}: pip install {package}") from None
 
     def _capped(self, data: bytes) -> bytes:
         if len(data) > self._limits.max_bytes:
-            raise _Failed(f"the body is over max_bytes ({self._limits.max_bytes})")
+            raise Refused(f"the body is over max_bytes ({self._limits.max_bytes})")
         return data
 
 
@@ -282,7 +181,7 @@ def _error(location: str, reason: str) -> RecordError:
 
 def _reason(err: BaseException, timed_out: bool, timeout_s: float) -> str:
     """Why a fetch failed, in a few words."""
-    if isinstance(err, _Failed):
+    if isinstance(err, Refused):
         return str(err)
     if isinstance(err, urllib.error.HTTPError):
         return f"HTTP {err.code} {first_line(Exception(err.reason))}"
