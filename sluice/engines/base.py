@@ -127,6 +127,12 @@ class BatchEngine(ModelInfo, ABC):
         """
         return list(values)
 
+    def records_per_poll(self) -> int | None:
+        """At most this many records per poll of the source, when preparing them may take long (images fetched
+        from a store): the poll loop comes back between polls to commit, serve delivery reports and report
+        progress. None: the operator's default."""
+        return None
+
     def takes_bytes(self) -> bool:
         """Whether a raw record's value reaches ``prepare`` as its bytes (image files) rather than UTF-8 text
         (``codec.format: raw``). Default: text."""

@@ -103,6 +103,9 @@ class TaskEngine(BatchEngine):
     def takes_bytes(self) -> bool:
         return self.task_options.takes_bytes()
 
+    def records_per_poll(self) -> int | None:
+        return self.task.records_per_poll() if self.task is not None else None
+
     def prepare_each(self, values: Sequence[Any]) -> list[Any]:
         if self.task is None:
             raise RuntimeError(f"engine {self.engine_name}: prepare called before start()")

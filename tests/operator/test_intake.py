@@ -1,4 +1,5 @@
-"""The intake prepares a poll a batch's worth at a time, and takes a failing record's error in its place.
+"""The intake prepares a poll a batch's worth at a time, and takes a failing record's error in its place; an
+engine that waits on a store while preparing gets polls of the size it asks for.
 
 Images are fetched and decoded in ``prepare``: were a whole poll prepared before any of it was queued, the
 engine would idle for the poll's fetches and decodes. An engine that can tell which record failed
@@ -31,7 +32,7 @@ class Counting(BatchEngine):
         raise AssertionError("the intake asks prepare_each")
 
     def prepare_each(self, values: Sequence[Any]) -> list[Any]:
-        time.sleep(0.01)  # fetching and decoding images take a while (the GIL is free meanwhile)
+        time.sleep(0.03)  # fetching and decoding images take a while (the GIL is free meanwhile)
         with self.lock:
             self.calls.append(len(values))
         return [RecordError("refused", stage=v[4:]) if v.startswith("bad:") else v for v in values]
@@ -55,3 +56,16 @@ def test_a_poll_is_prepared_and_queued_a_batch_at_a_time() -> None:
     assert stages == ["decode-image", "fetch"]
     assert sum(m.topic == "out" for m in sink.produced) == len(texts) - 2
     assert summary.num_in == len(texts)
+
+
+class SlowStore(Counting):
+    def records_per_poll(self) -> int | None:
+        return 8  # its prepare fetches from a store: the poll loop must come back often
+
+
+def test_an_engine_that_waits_on_a_store_gets_small_polls() -> None:
+    records = [(json.dumps({"text": f"text {i}"}).encode(), f"k{i}".encode(), []) for i in range(100)]
+    engine = SlowStore()
+    summary, source, sink = run(records, engine)
+    assert max(engine.calls) <= 8 and sum(engine.calls) == 100
+    assert sum(m.topic == "out" for m in sink.produced) == 100

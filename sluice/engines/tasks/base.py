@@ -105,6 +105,10 @@ class Task(ABC):
     def warmup_items(self, num_items: int) -> list[Any]:
         """``num_items`` prepared items to warm the model up with (no record needed)."""
 
+    def records_per_poll(self) -> int | None:
+        """See :meth:`sluice.engines.base.BatchEngine.records_per_poll`. Default None."""
+        return None
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release what the task holds (fetch and decode threads). Called once, with the engine's close."""
 
