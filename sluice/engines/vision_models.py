@@ -22,7 +22,7 @@ from typing import Any
 from sluice.engines.backends.base import ModelClass
 
 IMAGE_GRAPH = "image"  # the image tower of an image-text model; its export is model.onnx
-TEXT_GRAPH = "text"  # the text tower; its export is text.onnx beside model.onnx
+TEXT_GRAPH = "text"  # the text tower; its export is model.text.onnx beside it (text_graph_path)
 _FULL_LENGTH_TYPES = frozenset({"siglip"})  # text towers trained on full-length padding, read at the last position
 
 
@@ -34,6 +34,12 @@ class Graph:
     inputs: tuple[str, ...]
     output: str
     module: Any = None  # torch.nn.Module called with the inputs positionally; None where only the shape is known
+
+
+def text_graph_path(onnx_path: Path) -> Path:
+    """Where an image-text model's text tower is kept beside its image tower's ONNX file: ``model.onnx`` ->
+    ``model.text.onnx`` (so two models' exports in one folder keep their own)."""
+    return onnx_path.with_name(f"{onnx_path.stem}.text.onnx")
 
 
 def text_inputs(model_dir: Path) -> tuple[str, ...]:

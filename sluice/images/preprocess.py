@@ -231,7 +231,7 @@ def _center_crop(pixels: np.ndarray, crop: tuple[int, int]) -> np.ndarray:
     (the image then sits at offset ceil(missing / 2)), as transformers' center_crop."""
     (rows, out_rows), (cols, out_cols) = _span(pixels.shape[0], crop[0]), _span(pixels.shape[1], crop[1])
     if crop[0] <= pixels.shape[0] and crop[1] <= pixels.shape[1]:
-        return pixels[rows, cols]  # a view
+        return pixels[rows, cols].copy()  # not a view: a waiting item must not keep the whole resized image
     out = np.zeros((crop[0], crop[1], pixels.shape[2]), dtype=pixels.dtype)
     out[out_rows, out_cols] = pixels[rows, cols]
     return out

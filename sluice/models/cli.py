@@ -93,8 +93,8 @@ def run_fetch(args: argparse.Namespace) -> int:
 def run_export(args: argparse.Namespace) -> int:
     from sluice.engines.backends.base import ModelClass
     from sluice.engines.tasks import registry
+    from sluice.engines.vision_models import text_graph_path
     from sluice.models.export import export_to_onnx
-    from sluice.models.export_images import text_graph_path
 
     directory: Path = args.directory
     exportable = registry.exportable_task_names()
@@ -111,7 +111,7 @@ def run_export(args: argparse.Namespace) -> int:
     task = registry.lookup(args.task)
     try:
         model_dir = task.model_dir(directory)
-        tmp, text_tmp = out.with_name(f".{out.name}.tmp"), out.with_name(".text.onnx.tmp")
+        tmp, text_tmp = out.with_name(f".{out.name}.tmp"), out.with_name(f".{text_graph_path(out).name}.tmp")
         seconds = export_to_onnx(model_dir, tmp, task.model_class, trust_remote_code=args.trust_remote_code,
                                  text_path=text_tmp)
         if task.model_class is ModelClass.IMAGE_TEXT:  # its text tower, beside it
@@ -125,7 +125,8 @@ def run_export(args: argparse.Namespace) -> int:
         return 1
     print(f"sluice: exported {model_dir} for task {args.task} in {seconds:.1f} s; the ONNX graph matches torch",
           file=sys.stderr)
-    if task.text and not (directory / "tokenizer.json").is_file() and not (model_dir / "tokenizer.json").is_file():
+    texts = task.text or task.model_class is ModelClass.IMAGE_TEXT
+    if texts and not (directory / "tokenizer.json").is_file() and not (model_dir / "tokenizer.json").is_file():
         print(f"sluice: warning: no tokenizer.json in {directory}: the engines tokenise texts with it; save the "
               "model's fast tokenizer beside the model before running it", file=sys.stderr)
     print(out)

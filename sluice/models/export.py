@@ -63,7 +63,7 @@ def export_to_onnx(model_dir: Path, onnx_path: Path, model_class: ModelClass, *,
     """Write ``onnx_path`` from the HF model in ``model_dir`` with ``model_class``'s head; verify it; return the
     export time in seconds.
 
-    ``text_path``: an image-text model's text tower (default: ``text.onnx`` beside ``onnx_path``).
+    ``text_path``: an image-text model's text tower (default: ``<stem>.text.onnx`` beside ``onnx_path``).
     ``segments``: whether the graph takes ``token_type_ids`` (default: when the model has more than one
     segment type). Raises ModelError (one line) when torch/transformers are missing, the directory holds no
     such model (a head without weights), or the exported graph disagrees with torch.

@@ -3,7 +3,7 @@
 The graphs are :mod:`sluice.engines.vision_models`' (the torch backend runs the same modules):
 
 * image classification: ``model.onnx``, ``pixel_values (batch, 3, H, W) -> logits (batch, labels)``;
-* image-text (CLIP, SigLIP): ``model.onnx`` is the image tower (``-> image_embeds``) and ``text.onnx``
+* image-text (CLIP, SigLIP): ``model.onnx`` is the image tower (``-> image_embeds``) and ``model.text.onnx``
   beside it the text tower (``input_ids`` [+ ``attention_mask``] ``-> text_embeds``).
 
 The batch axis is dynamic (and the token axis of the text graph); the image size is the model's own. Each
@@ -19,16 +19,10 @@ from typing import Any
 import numpy as np
 
 from sluice.engines.backends.base import ModelClass
-from sluice.engines.vision_models import Graph, graphs, image_size
+from sluice.engines.vision_models import Graph, graphs, image_size, text_graph_path
 from sluice.models.catalogue import ModelError
 
 MAX_ABS_DIFF = 1e-3  # largest allowed |onnx - torch| on any output value
-
-
-def text_graph_path(onnx_path: Path) -> Path:
-    """Where an image-text model's text tower goes: ``text.onnx`` beside the image tower's file (the onnx
-    backend looks for it there)."""
-    return onnx_path.with_name("text.onnx")
 
 
 def export_image_model(model: Any, model_dir: Path, onnx_path: Path, model_class: ModelClass,

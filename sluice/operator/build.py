@@ -233,7 +233,11 @@ def build_codec(loaded: LoadedPipeline, engine: BatchEngine | ContinuousEngine) 
         schemas = build_schema_format(p, engine.result_schema(), loaded.base_dir)
     except SchemaSetupError as err:
         raise StartError(f"schema registry: {err}") from None
-    return RecordCodec(p.codec, p.sink.output, schemas, binary=isinstance(engine, BatchEngine) and engine.takes_bytes())
+    binary = p.codec.format == "raw" and isinstance(engine, BatchEngine) and engine.takes_bytes()
+    if binary and p.sink.output.mode == "merge":
+        raise StartError("codec.format raw with an image task: sink.output.mode merge would copy every image "
+                         "into its output (base64); set sink.output.mode: result")
+    return RecordCodec(p.codec, p.sink.output, schemas, binary=binary)
 
 
 def _build_observer(loaded: LoadedPipeline) -> Observer:

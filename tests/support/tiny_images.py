@@ -63,7 +63,8 @@ def clip_tokenizer_files(target: Path) -> int:
     return len(vocab)
 
 
-def save_clip(target: Path, *, seed: int = 0) -> Path:
+def save_clip(target: Path, *, seed: int = 0, legacy_eos: bool = False) -> Path:
+    """``legacy_eos``: ``eos_token_id: 2`` as OpenAI's checkpoints have it, so CLIP pools at the largest id."""
     import torch
     from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel
 
@@ -71,7 +72,8 @@ def save_clip(target: Path, *, seed: int = 0) -> Path:
     vocab_size = clip_tokenizer_files(target)
     config = CLIPConfig(
         text_config={"vocab_size": vocab_size, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
-                     "num_attention_heads": 4, "max_position_embeddings": 77, "eos_token_id": vocab_size - 1,
+                     "num_attention_heads": 4, "max_position_embeddings": 77,
+                     "eos_token_id": 2 if legacy_eos else vocab_size - 1,
                      "bos_token_id": vocab_size - 2, "pad_token_id": vocab_size - 1},
         vision_config={"image_size": SIDE, "patch_size": 8, "hidden_size": 32, "intermediate_size": 64,
                        "num_hidden_layers": 2, "num_attention_heads": 4},

@@ -7,7 +7,7 @@ an image without torch is given an export made with ``sluice models export``).
 
 Providers are tried in the given order; one that this onnxruntime build lacks, or that fails to initialise
 (no GPU), is skipped with a warning. An image-text model (CLIP, SigLIP) is two graphs, ``model.onnx`` (the
-image tower) and ``text.onnx`` beside it; a batch runs on the one giving its output. On CUDA/TensorRT, outputs are bound with IO binding. onnxruntime is
+image tower) and ``model.text.onnx`` beside it; a batch runs on the one giving its output. On CUDA/TensorRT, outputs are bound with IO binding. onnxruntime is
 imported in ``open``, never at module import.
 """
 
@@ -73,8 +73,10 @@ def onnx_file(files: ModelFiles, request: LoadRequest, export_cache_dir: str | N
 
 
 def _text_graph(model_file: Path) -> Path:
-    """The text tower of an image-text model: ``text.onnx`` beside its ``model.onnx`` (image tower)."""
-    path = model_file.with_name("text.onnx")
+    """The text tower of an image-text model, beside its image tower (``model.onnx`` -> ``model.text.onnx``)."""
+    from sluice.engines.vision_models import text_graph_path
+
+    path = text_graph_path(model_file)
     if not path.is_file():
         raise EngineStartError(f"an image-text model runs as two graphs: {model_file} (the image tower) and "
                                f"{path} (the text tower), which is missing; export both from the Hugging Face "

@@ -19,6 +19,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +81,8 @@ class TorchBackend(Backend):
             module = module.to(device=self.device, dtype=self.dtype)
         if self.options.compile:
             module = torch.compile(module, dynamic=True)
+            self._graphs = {name: replace(graph, module=torch.compile(graph.module, dynamic=True))
+                            for name, graph in self._graphs.items()}
         self._module = module
         self._staging = torch_device.HostStaging(torch, self.device)
         self.ops = TorchOps(torch, self.device, self._staging)
@@ -111,6 +114,7 @@ class TorchBackend(Backend):
 
     def close(self) -> None:
         self._module = None
+        self._graphs = {}  # image models' graphs hold the model too
         self._staging = None
         if self._torch is not None and self.device is not None and self.device.type == "cuda":
             self._torch.cuda.empty_cache()

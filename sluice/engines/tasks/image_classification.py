@@ -1,6 +1,6 @@
 """Task ``image-classification``: labels per image, as transformers' ``pipeline("image-classification")`` gives.
 
-The model is a ``...ForImageClassification`` (ViT, DeiT, ConvNeXT, BEiT...) with ``id2label`` in its
+The model is a ``...ForImageClassification`` (ViT, DeiT, ConvNeXT, BiT...) with ``id2label`` in its
 ``config.json`` and its ``preprocessor_config.json``. Where the image comes from, and the limits on it, are
 ``engine.image`` (:mod:`sluice.engines.tasks.image_inputs`).
 
@@ -85,6 +85,9 @@ class ImageClassificationTask(Task):
 
     def warmup_items(self, num_items: int) -> list[Any]:
         return [self.inputs.warmup_item()] * num_items
+
+    def records_per_poll(self) -> int | None:
+        return self.inputs.records_per_poll()
 
     def close(self) -> None:
         self.inputs.close()

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -35,6 +35,7 @@ from sluice.images.fetch import Fetcher, FetchLimits
 from sluice.images.preprocess import ImagePreprocessor
 
 ImageSource = Literal["bytes", "base64", "location"]
+Scheme = Literal["file", "http", "https", "s3", "gs", "az"]
 _DEFAULT_DECODE = DecodeLimits()
 _DEFAULT_FETCH = FetchLimits()
 
@@ -49,7 +50,8 @@ class ImageOptions(BaseModel):
     `base64`: a base64 string (a `data:` URL too); `location`: a path (relative to the pipeline file) or a URL
     (http, https; s3, gs, az through fsspec) to fetch."""
     max_bytes: int = Field(default=_DEFAULT_FETCH.max_bytes, ge=1)
-    """Largest image file accepted, in bytes (a larger one is dead-lettered)."""
+    """Largest image file accepted, in bytes (a larger one is dead-lettered). A raw record's whole value is
+    bounded by `codec.max_record_bytes` (4 MiB by default) before this."""
     max_pixels: int = Field(default=_DEFAULT_DECODE.max_pixels, ge=1)
     """Largest image accepted, in pixels (width x height), read from the file's header before decoding:
     decompression bombs are dead-lettered unread."""
@@ -57,8 +59,15 @@ class ImageOptions(BaseModel):
     """Image formats accepted (Pillow's names)."""
     fetch_timeout_s: float = Field(default=_DEFAULT_FETCH.timeout_s, gt=0)
     """`source: location`: the longest one fetch may take, connect to last byte."""
-    fetch_concurrency: int = Field(default=_DEFAULT_FETCH.max_concurrency, ge=1, le=256)
-    """`source: location`: fetches in flight at once."""
+    fetch_concurrency: int = Field(default=32, ge=1, le=256)
+    """`source: location`: fetches in flight at once (a batch's fetches in one round trip when it is at least
+    `batching.max_batch_size`)."""
+    schemes: list[Scheme] = Field(default_factory=lambda: list(get_args(Scheme)), min_length=1)
+    """`source: location`: the kinds of location a record may name (`file`: a path on this machine)."""
+    local_roots: list[str] = Field(default_factory=list)
+    """`source: location`: read local files only inside these folders (relative to the pipeline file); empty:
+    any file the process can read. Whoever writes the input records chooses what is read: restrict `schemes`
+    and `local_roots` when they are not trusted."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,10 +94,13 @@ class ImageInputs:
         except ValueError as err:
             raise EngineStartError(f"engine.image: {err}") from None
         self.max_bytes = options.max_bytes
+        self.fetch_concurrency = options.fetch_concurrency
         self.fetcher: Fetcher | None = None
         if options.source == "location":
+            roots = tuple((pipeline_dir / root).resolve() for root in options.local_roots)
             self.fetcher = Fetcher(FetchLimits(timeout_s=options.fetch_timeout_s, max_bytes=options.max_bytes,
-                                               max_concurrency=options.fetch_concurrency), pipeline_dir)
+                                               max_concurrency=options.fetch_concurrency,
+                                               schemes=tuple(options.schemes), local_roots=roots), pipeline_dir)
         self._decoders = ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1)),
                                             thread_name_prefix="sluice-decode")
 
@@ -123,6 +135,10 @@ class ImageInputs:
     def preprocessor_side(self) -> int:
         size = self.preprocessor.output_size
         return max(size) if size else 224
+
+    def records_per_poll(self) -> int | None:
+        """Fetching: a poll is one round of fetches, so a slow store holds the poll loop one timeout at most."""
+        return self.fetch_concurrency if self.fetcher is not None else None
 
     def close(self) -> None:
         if self.fetcher is not None:
@@ -174,17 +190,23 @@ def _hint(value: Any) -> str:
 
 
 def _from_base64(text: str, max_bytes: int) -> bytes | RecordError:
-    if text.startswith("data:"):  # data:image/png;base64,....
+    """Standard or URL-safe base64, wrapped in lines or not, padded or not (as encoders write it); a ``data:``
+    URL's payload."""
+    if text[:5].lower() == "data:":  # data:image/png;base64,....
         header, _, text = text.partition(",")
-        if not header.endswith(";base64"):
+        if not header.lower().endswith(";base64"):
             return RecordError("a data: URL must be base64-encoded (data:<type>;base64,...)", stage="decode-image")
-    if len(text) > (max_bytes + 2) // 3 * 4 + 4:
+    if len(text) > (max_bytes + 2) // 3 * 4 * 81 // 80 + 4:  # base64 of max_bytes, with line breaks
         return RecordError(f"the base64 image is larger than engine.image.max_bytes ({max_bytes})",
                            stage="decode-image")
+    compact = "".join(text.split())
+    if "-" in compact or "_" in compact:
+        compact = compact.replace("-", "+").replace("_", "/")
     try:
-        return base64.b64decode(text.strip(), validate=True)
+        return base64.b64decode(compact + "=" * (-len(compact) % 4), validate=True)
     except (binascii.Error, ValueError):
-        return RecordError("the image field is not valid base64", stage="decode-image")
+        return RecordError("the image field is not base64 (expected a base64 string of the image file, or a "
+                           "data:image/...;base64, URL)", stage="decode-image")
 
 
 def check_pixel_input(inputs: Sequence[str], model_name: str, task: str) -> None:

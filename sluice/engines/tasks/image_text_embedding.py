@@ -10,8 +10,8 @@ carried); ``inputs: {text: "."}`` makes every value a text; ``inputs: {image: FI
 ``codec.input_field: "."``) reads a JSON object: its image field when set, else its text field.
 
 Texts are tokenised as the model's processor does: truncated at the tokenizer's length (CLIP: 77), and for
-SigLIP, whose text tower reads the last position, padded to that full length (its processor's
-``padding="max_length"``); the attention mask goes in when the tokenizer gives one.
+SigLIP, whose text tower reads the last position, padded to that full length (``padding="max_length"``, as
+SigLIP's documentation asks); the attention mask goes in when the tokenizer gives one.
 ``normalize`` (default: as the model says -- false for a Hugging Face directory, as ``get_*_features``)
 scales vectors to unit length; ``output_format`` is ``list`` or ``base64``.
 """
@@ -80,7 +80,11 @@ class ImageTextEmbeddingTask(Task):
         self.fields = dict(options.inputs) or {"image": "."}
         self.tokenizer: TextTokenizer | None = None
         if "text" in self.fields:
-            self.max_tokens = options.max_length or _text_limit(config.raw, read_tokenizer_config(self.model_dir))
+            limit = _text_limit(config.raw, read_tokenizer_config(self.model_dir))
+            if options.max_length is not None and options.max_length > limit:
+                raise EngineStartError(f"task {self.name}: max_length {options.max_length} is more than the model's "
+                                       f"text length ({limit} tokens)")
+            self.max_tokens = options.max_length or limit
             self.tokenizer = TextTokenizer(self.model_dir, self.max_tokens, config,
                                            read_tokenizer_config(self.model_dir), task=self.name)
         self.text_names = text_inputs(self.model_dir)
@@ -94,6 +98,11 @@ class ImageTextEmbeddingTask(Task):
             if output not in io.output_names:
                 raise EngineStartError(f"model {self.model_name} has outputs {io.output_names}; task {self.name} "
                                        f"reads image_embeds and text_embeds")
+        dims = {spec.name: spec.shape[-1] for spec in io.outputs if spec.shape}
+        if None not in (image_dim := dims.get("image_embeds"), text_dim := dims.get("text_embeds")) \
+                and image_dim != text_dim:
+            raise EngineStartError(f"model {self.model_name}: its image tower gives {image_dim} values and its text "
+                                   f"tower {text_dim}; they are not one model's towers")
         self.text_names = tuple(name for name in io.input_names if name in ("input_ids", "attention_mask"))
 
     def prepare(self, values: Sequence[Any]) -> list[Any]:
@@ -142,6 +151,9 @@ class ImageTextEmbeddingTask(Task):
             ids = np.asarray(encoding.ids, dtype=np.int64)
             items += [TokenizedText(ids=ids, num_tokens=int(ids.shape[0]))] * num_items
         return items
+
+    def records_per_poll(self) -> int | None:
+        return self.images.records_per_poll()
 
     def close(self) -> None:
         self.images.close()

@@ -34,6 +34,7 @@ def images() -> dict[str, bytes]:
 def image_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("image-models")
     return {"vit": save_vit_classifier(root / "vit"), "clip": save_clip(root / "clip"),
+            "clip-legacy-eos": save_clip(root / "clip-legacy-eos", seed=1, legacy_eos=True),
             "siglip": save_siglip(root / "siglip"), "siglip-ids-only": save_siglip(root / "siglip-ids", ids_only=True)}
 
 
@@ -76,8 +77,8 @@ def test_image_classification_equals_the_pipeline(backend: str, image_models: di
     assert len({r[0]["label"] for r in got}) > 1, "a model that gives one label everywhere proves little"
 
 
-@pytest.mark.parametrize(("model", "backend"), [("clip", "onnx"), ("clip", "torch"), ("siglip", "onnx"),
-                                                ("siglip", "torch"), ("siglip-ids-only", "onnx")])
+@pytest.mark.parametrize(("model", "backend"), [("clip", "onnx"), ("clip", "torch"), ("clip-legacy-eos", "onnx"),
+                                                ("siglip", "onnx"), ("siglip", "torch"), ("siglip-ids-only", "onnx")])
 def test_image_text_embedding_equals_get_features(model: str, backend: str, image_models: dict[str, Path],
                                                   images: dict[str, bytes], make_engine: Callable[..., Any]) -> None:
     import torch
@@ -148,12 +149,50 @@ def test_an_export_made_ahead_of_time_runs_as_the_directory_does(image_models: d
                            "image-text-embedding", "--out", str(folder / "clip.onnx")], capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr
-    assert sorted(p.name for p in folder.glob("*.onnx")) == ["clip.onnx", "text.onnx"]
+    assert sorted(p.name for p in folder.glob("*.onnx")) == ["clip.onnx", "clip.text.onnx"]
     records = [{"picture": data} for data in list(images.values())[:3]] + [{"caption": "a photo of a cat"}]
     options = {"task": "image-text-embedding", "inputs": {"image": "picture", "text": "caption"}, "warmup": False}
     exported = _infer(make_engine("onnx", model=str(folder / "clip.onnx"), **options), records)
     from_directory = _infer(make_engine("onnx", model=str(image_models["clip"]), **options), records)
     np.testing.assert_allclose(exported, from_directory, atol=1e-5)
-    (folder / "text.onnx").unlink()
-    with pytest.raises(Exception, match="text.onnx"):
+    (folder / "clip.text.onnx").unlink()
+    with pytest.raises(Exception, match="clip.text.onnx"):
         make_engine("onnx", model=str(folder / "clip.onnx"), **options)
+
+
+def test_a_mixed_batch_prepared_at_once_equals_records_prepared_alone(image_models: dict[str, Path],
+                                                                       images: dict[str, bytes],
+                                                                       make_engine: Callable[..., Any]) -> None:
+    """What the operator does with a poll: prepare_each over images, texts and broken records together."""
+    engine = make_engine("onnx", model=str(image_models["clip"]), task="image-text-embedding", warmup=False,
+                         inputs={"image": "picture", "text": "caption"})
+    records: list[Any] = [{"caption": TEXTS[0]}, {"picture": b"not an image"}]
+    records += [{"picture": data} for data in images.values()] + [{"caption": t} for t in TEXTS[1:]] + [{"x": 1}]
+    together = engine.prepare_each(records)
+    failed = [i for i, item in enumerate(together) if isinstance(item, RecordError)]
+    assert failed == [1, len(records) - 1]
+    kept = [i for i in range(len(records)) if i not in failed]
+    got = engine.infer([together[i] for i in kept])
+    alone = [engine.infer(engine.prepare([records[i]]))[0] for i in kept]
+    np.testing.assert_allclose(np.asarray(got), np.asarray(alone), atol=1e-5)
+
+
+def test_what_cannot_work_is_refused_at_start_in_one_line(image_models: dict[str, Path], tmp_path: Path,
+                                                          make_engine: Callable[..., Any]) -> None:
+    import subprocess
+    import sys
+
+    import yaml
+
+    with pytest.raises(Exception, match="max_length 100 is more than the model's text length \\(77 tokens\\)"):
+        make_engine("torch", model=str(image_models["clip"]), task="image-text-embedding", max_length=100,
+                    inputs={"text": "."})
+    pipeline = {"source": {"file": {"path": "in.jsonl"}}, "codec": {"format": "raw"},
+                "engine": {"type": "torch", "model": str(image_models["vit"]), "task": "image-classification"},
+                "sink": {"file": {"path": "out.jsonl"}, "output": {"mode": "merge", "field": "labels"}}}
+    (tmp_path / "in.jsonl").write_text("x\n")
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(pipeline))
+    proc = subprocess.run([sys.executable, "-m", "sluice.cli", "run", str(tmp_path / "p.yaml")], capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode != 0
+    assert "sink.output.mode merge would copy every image" in proc.stderr and "Traceback" not in proc.stderr
