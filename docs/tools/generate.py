@@ -117,11 +117,16 @@ def configuration_md() -> str:
         if own:
             out += ["The [task options](#task-options) apply as well (`engine.task` picks the task).", ""]
         for section_path, model in list(_sections(options, "engine"))[1:]:
-            out += [f"#### `{section_path}`", "", *_table(model, section_path), ""]
+            if section_path.split(".")[1] not in own:  # a task's own section is listed with the task
+                out += [f"#### `{section_path}`", "", *_table(model, section_path), ""]
     out += ["## Task options", "",
-            "The keys of each `engine.task` of the `onnx`, `torch` and `tensorrt` engines, beside the engine's own.", ""]
+            "The keys of each `engine.task` of the `onnx`, `torch` and `tensorrt` engines, beside the engine's own "
+            "(`tensorrt` runs the text tasks).", ""]
     for name in tasks.names():
-        out += [f"### `engine.task: {name}`", "", *_table(tasks.lookup(name).options, "engine"), ""]
+        task_options = tasks.lookup(name).options
+        out += [f"### `engine.task: {name}`", "", *_table(task_options, "engine"), ""]
+        for section_path, model in list(_sections(task_options, "engine"))[1:]:
+            out += [f"#### `{section_path}` ({name})", "", *_table(model, section_path), ""]
     return "\n".join(out).rstrip() + "\n"
 
 
