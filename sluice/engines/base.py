@@ -190,6 +190,10 @@ class ContinuousEngine(ModelInfo, ABC):
         """Turn decoded input values into requests (render the prompt, tokenise). Default: unchanged."""
         return list(values)
 
+    def records_per_poll(self) -> int | None:
+        """As :meth:`BatchEngine.records_per_poll`. Default None."""
+        return None
+
     def prepare_records(self, values: Sequence[Any], origins: Sequence[RecordOrigin]) -> list[Any]:
         """``prepare``, told where each value came from (the operator calls this one; an engine whose requests
         depend on the record's identity -- the LLM's ``seed_from`` -- overrides it). Default: ``prepare``."""

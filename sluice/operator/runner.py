@@ -101,10 +101,8 @@ class Runner:
                              preserve_order=p.sink.output.preserve_order)
             if isinstance(engine, ContinuousEngine) else
             EngineWorker(self.state, self.serving, self.emitter, clock, self.observer, retire))
-        # An engine whose prepare may wait on a store (image fetches) takes smaller polls: the loop comes back
-        hint = engine.records_per_poll() if isinstance(engine, BatchEngine) else None
-        self.backpressure = Backpressure(p.runtime.max_in_flight, min(_POLL_BATCH, hint or _POLL_BATCH), self.state,
-                                         source, self.intake.is_stalled)
+        self.backpressure = Backpressure(p.runtime.max_in_flight, engine.records_per_poll() or _POLL_BATCH,
+                                         self.state, source, self.intake.is_stalled)  # small polls: waits on a store
         self.delivery = delivery_type(p, self.state, source, sink, clock)
         self._stop = threading.Event()
         self._loop = LoopProgress()  # the poll loop's progress, for the watchdog
