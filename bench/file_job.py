@@ -41,24 +41,40 @@ from sluice.engines.base import BatchEngine  # noqa: E402
 
 
 class RecordingEngine(BatchEngine):
-    """The job's engine, recording every batch it is given (and how long the engine took on it)."""
+    """The job's engine, recording every batch it is given, how long the engine took on it, and when the first
+    one started; everything else is the wrapped engine's (the runner sees what it would see)."""
 
     def __init__(self, engine: Any) -> None:
         self.engine = engine
         self.batches: list[list[Any]] = []
         self.busy_s = 0.0
+        self.first_batch_s: float | None = None  # perf_counter when the first infer began
 
     def start(self) -> None:  # started already
         pass
 
+    def model_source(self) -> Any:
+        return self.engine.model_source()
+
     def prepare(self, values: Sequence[Any]) -> list[Any]:
         return self.engine.prepare(values)  # type: ignore[no-any-return]
+
+    def prepare_each(self, values: Sequence[Any]) -> list[Any]:
+        return self.engine.prepare_each(values)  # type: ignore[no-any-return]
+
+    def records_per_poll(self) -> int | None:
+        return self.engine.records_per_poll()  # type: ignore[no-any-return]
+
+    def takes_bytes(self) -> bool:
+        return self.engine.takes_bytes()  # type: ignore[no-any-return]
 
     def item_length(self, item: Any) -> int:
         return self.engine.item_length(item)  # type: ignore[no-any-return]
 
     def infer(self, items: Sequence[Any]) -> list[Any]:
         start_s = time.perf_counter()
+        if self.first_batch_s is None:
+            self.first_batch_s = start_s
         results = self.engine.infer(items)
         self.busy_s += time.perf_counter() - start_s
         self.batches.append(list(items))

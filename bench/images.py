@@ -49,7 +49,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -57,7 +57,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [p for p in (str(ROOT), str(ROOT / "bench")) if p not in sys.path]
 
-from sluice.engines.base import BatchEngine  # noqa: E402
+from file_job import RecordingEngine  # noqa: E402
+
 from tests.support.tiny_images import VIT_TINY, image_bytes, picture, save_vit_classifier  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
@@ -94,47 +95,6 @@ server = Server(("127.0.0.1", 0), partial(Slow, directory=sys.argv[1]))
 print(server.server_address[1], flush=True)
 server.serve_forever()
 """
-
-
-class RecordingEngine(BatchEngine):
-    """The job's engine, recording every batch it is given, how long the engine took on it, and when the
-    first one started."""
-
-    def __init__(self, engine: Any) -> None:
-        self.engine = engine
-        self.batches: list[list[Any]] = []
-        self.busy_s = 0.0
-        self.first_batch_s: float | None = None  # perf_counter when the first infer began
-
-    def model_source(self) -> Any:
-        return self.engine.model_source()
-
-    def start(self) -> None:  # started already
-        pass
-
-    def prepare(self, values: Sequence[Any]) -> list[Any]:
-        return self.engine.prepare(values)  # type: ignore[no-any-return]
-
-    def prepare_each(self, values: Sequence[Any]) -> list[Any]:
-        return self.engine.prepare_each(values)  # type: ignore[no-any-return]
-
-    def item_length(self, item: Any) -> int:
-        return self.engine.item_length(item)  # type: ignore[no-any-return]
-
-    def infer(self, items: Sequence[Any]) -> list[Any]:
-        start_s = time.perf_counter()
-        if self.first_batch_s is None:
-            self.first_batch_s = start_s
-        results = self.engine.infer(items)
-        self.busy_s += time.perf_counter() - start_s
-        self.batches.append(list(items))
-        return results  # type: ignore[no-any-return]
-
-    def result_schema(self) -> dict[str, Any] | None:
-        return self.engine.result_schema()  # type: ignore[no-any-return]
-
-    def close(self) -> None:
-        pass
 
 
 def write_images(folder: Path, num_images: int) -> list[str]:

@@ -22,7 +22,13 @@ from sluice.engines.backends.arrays import ArrayOps
 from sluice.engines.backends.base import ModelClass, ModelIO
 from sluice.engines.tasks.base import ModelRun, Task, TaskContext, TaskOptions, TaskType
 from sluice.engines.tasks.heads import check_num_labels, logits_output, require_head
-from sluice.engines.tasks.image_inputs import ImageInputs, ImageItem, ImageOptions, check_pixel_input
+from sluice.engines.tasks.image_inputs import (
+    ImageInputs,
+    ImageItem,
+    ImageOptions,
+    check_pixel_input,
+    raise_first_failure,
+)
 from sluice.engines.tasks.model_config import read_model_config
 from sluice.engines.tasks.text_classification import ScoreFunction, apply_function, default_function
 
@@ -62,11 +68,7 @@ class ImageClassificationTask(Task):
         check_num_labels(io, self.output, len(self.labels), self.model_name)
 
     def prepare(self, values: Sequence[Any]) -> list[Any]:
-        items = self.prepare_each(values)
-        for item in items:
-            if isinstance(item, Exception):
-                raise item
-        return items
+        return raise_first_failure(self.prepare_each(values))
 
     def prepare_each(self, values: Sequence[Any]) -> list[Any]:
         return list(self.inputs.prepare_each(values))

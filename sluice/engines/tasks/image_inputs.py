@@ -180,6 +180,15 @@ class ImageInputs:
             return RecordError(f"cannot decode the image: {type(err).__name__}: {err}", stage="decode-image")
 
 
+def raise_first_failure(items: list[Any]) -> list[Any]:
+    """``items`` of :meth:`ImageInputs.prepare_each`, or the first failure among them raised (a task's
+    ``prepare``, which raises rather than give errors in place)."""
+    for item in items:
+        if isinstance(item, Exception):
+            raise item
+    return items
+
+
 def _hint(value: Any) -> str:
     if isinstance(value, str):
         return ("; a base64 string needs engine.image.source: base64, a path or URL engine.image.source: location, "

@@ -31,7 +31,13 @@ from sluice.engines.backends.base import ModelClass, ModelIO
 from sluice.engines.base import EngineStartError, RecordError
 from sluice.engines.tasks.base import ModelRun, Task, TaskContext, TaskOptions, TaskType
 from sluice.engines.tasks.formats import OutputFormat, format_vectors, l2_normalize
-from sluice.engines.tasks.image_inputs import ImageInputs, ImageItem, ImageOptions, check_pixel_input
+from sluice.engines.tasks.image_inputs import (
+    ImageInputs,
+    ImageItem,
+    ImageOptions,
+    check_pixel_input,
+    raise_first_failure,
+)
 from sluice.engines.tasks.model_config import read_model_config, read_tokenizer_config
 from sluice.engines.tasks.record import as_text, lookup
 from sluice.engines.tasks.text_inputs import TokenizedText, pad_batch
@@ -106,11 +112,7 @@ class ImageTextEmbeddingTask(Task):
         self.text_names = tuple(name for name in io.input_names if name in ("input_ids", "attention_mask"))
 
     def prepare(self, values: Sequence[Any]) -> list[Any]:
-        items = self.prepare_each(values)
-        for item in items:
-            if isinstance(item, Exception):
-                raise item
-        return items
+        return raise_first_failure(self.prepare_each(values))
 
     def prepare_each(self, values: Sequence[Any]) -> list[Any]:
         routed = [self._route(value) for value in values]

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from sluice.engines.base import RecordError
+from tests.support.task_runs import cosines, infer_one_by_one
 from tests.support.tiny_images import image_files, save_clip, save_siglip, save_vit_classifier
 
 SCORE_TOLERANCE = 1e-4
@@ -44,19 +45,6 @@ def _pil(data: bytes) -> Any:
     return ImageOps.exif_transpose(Image.open(io.BytesIO(data))).convert("RGB")
 
 
-def _infer(engine: Any, values: list[Any], batch_size: int = 4) -> list[Any]:
-    """Prepared a record at a time (as the operator does), run in batches that mix the images."""
-    items = [engine.prepare([value])[0] for value in values]
-    results: list[Any] = []
-    for start in range(0, len(items), batch_size):
-        results.extend(engine.infer(items[start : start + batch_size]))
-    return results
-
-
-def _cosines(got: np.ndarray, want: np.ndarray) -> np.ndarray:
-    return (got * want).sum(axis=1) / (np.linalg.norm(got, axis=1) * np.linalg.norm(want, axis=1))
-
-
 @pytest.mark.parametrize("backend", ["onnx", "torch"])
 def test_image_classification_equals_the_pipeline(backend: str, image_models: dict[str, Path],
                                                   images: dict[str, bytes], make_engine: Callable[..., Any],
@@ -69,7 +57,7 @@ def test_image_classification_equals_the_pipeline(backend: str, image_models: di
         paths.append(str(tmp_path / name))
     want = pipeline("image-classification", model=str(image_models["vit"]), device="cpu")(paths, top_k=3)
     engine = make_engine(backend, model=str(image_models["vit"]), task="image-classification", top_k=3)
-    got = _infer(engine, list(images.values()))
+    got = infer_one_by_one(engine, list(images.values()))
     for name, got_one, want_one in zip(images, got, want, strict=True):
         assert [r["label"] for r in got_one] == [r["label"] for r in want_one], name
         np.testing.assert_allclose([r["score"] for r in got_one], [r["score"] for r in want_one],
@@ -98,9 +86,9 @@ def test_image_text_embedding_equals_get_features(model: str, backend: str, imag
     engine = make_engine(backend, model=str(directory), task="image-text-embedding",
                          inputs={"image": "picture", "text": "caption"})
     records = [{"picture": data} for data in images.values()] + [{"caption": text} for text in TEXTS]
-    got = np.asarray(_infer(engine, records, batch_size=5), dtype=np.float32)  # batches mix images and texts
+    got = np.asarray(infer_one_by_one(engine, records, batch_size=5), dtype=np.float32)  # batches mix images and texts
     assert got.shape == want.shape
-    assert _cosines(got, want).min() >= MIN_COSINE
+    assert cosines(got, want).min() >= MIN_COSINE
     np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-3)
 
 
@@ -110,13 +98,13 @@ def test_images_from_base64_and_locations_equal_images_from_bytes(image_models: 
     model = str(image_models["vit"])
     for name, data in images.items():
         (tmp_path / name).write_bytes(data)
-    from_bytes = _infer(make_engine("onnx", model=model, task="image-classification"), list(images.values()))
-    from_base64 = _infer(make_engine("onnx", model=model, task="image-classification", warmup=False,
+    from_bytes = infer_one_by_one(make_engine("onnx", model=model, task="image-classification"), list(images.values()))
+    from_base64 = infer_one_by_one(make_engine("onnx", model=model, task="image-classification", warmup=False,
                                      image={"source": "base64"}),
                          [base64.b64encode(d).decode() for d in images.values()])
     located = make_engine("onnx", model=model, task="image-classification", warmup=False,
                           image={"source": "location"})
-    from_paths = _infer(located, [str(tmp_path / name) for name in images])
+    from_paths = infer_one_by_one(located, [str(tmp_path / name) for name in images])
     assert from_bytes == from_base64 == from_paths
     assert len(from_bytes[0]) == 5  # the pipeline's default top_k
 
@@ -152,8 +140,8 @@ def test_an_export_made_ahead_of_time_runs_as_the_directory_does(image_models: d
     assert sorted(p.name for p in folder.glob("*.onnx")) == ["clip.onnx", "clip.text.onnx"]
     records = [{"picture": data} for data in list(images.values())[:3]] + [{"caption": "a photo of a cat"}]
     options = {"task": "image-text-embedding", "inputs": {"image": "picture", "text": "caption"}, "warmup": False}
-    exported = _infer(make_engine("onnx", model=str(folder / "clip.onnx"), **options), records)
-    from_directory = _infer(make_engine("onnx", model=str(image_models["clip"]), **options), records)
+    exported = infer_one_by_one(make_engine("onnx", model=str(folder / "clip.onnx"), **options), records)
+    from_directory = infer_one_by_one(make_engine("onnx", model=str(image_models["clip"]), **options), records)
     np.testing.assert_allclose(exported, from_directory, atol=1e-5)
     (folder / "clip.text.onnx").unlink()
     with pytest.raises(Exception, match="clip.text.onnx"):

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests.support.task_runs import cosines, infer_one_by_one
 from tests.support.texts import varied_texts
 
 SCORE_TOLERANCE = 1e-4
@@ -26,19 +27,6 @@ TEXTS = [*varied_texts(30, seed=11), "", " ", "Angela Merkel met Tim Cook in New
 # Each case runs on both backends where it matters most (BERT, the common case) and on one backend for the
 # other families: the backend decides the logits, the task code after them is shared.
 BOTH = ("onnx", "torch")
-
-
-def _infer(engine: Any, values: list[Any], batch_size: int = 8) -> list[Any]:
-    """One record at a time through prepare (as the operator does), batches in arrival order."""
-    items = [engine.prepare([value])[0] for value in values]
-    results: list[Any] = []
-    for start in range(0, len(items), batch_size):
-        results.extend(engine.infer(items[start : start + batch_size]))
-    return results
-
-
-def _cosines(got: np.ndarray, want: np.ndarray) -> np.ndarray:
-    return (got * want).sum(axis=1) / (np.linalg.norm(got, axis=1) * np.linalg.norm(want, axis=1))
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +53,7 @@ def test_text_classification_equals_the_pipeline(model: str, backends: tuple[str
         limit = {"truncation": True, "max_length": best.task.max_tokens, "batch_size": 8}
         want_best = [r[0] for r in reference(TEXTS, top_k=1, **limit)]
         want_ranked = reference(TEXTS, top_k=2, **limit)
-        got_best, got_ranked = _infer(best, TEXTS), _infer(ranked, TEXTS)
+        got_best, got_ranked = infer_one_by_one(best, TEXTS), infer_one_by_one(ranked, TEXTS)
         for index in range(len(TEXTS)):
             where = f"{backend}/{model}, text {index}"
             assert got_best[index]["label"] == want_best[index]["label"], where
@@ -83,7 +71,7 @@ def test_function_to_apply_and_pairs_equal_the_pipeline(function: str, tiny: dic
     engine = make_engine("onnx", model=str(tiny["classifier"]), task="text-classification", top_k=3,
                          function_to_apply=function, inputs={"text": "premise", "text_pair": "hypothesis"})
     pairs = list(zip(TEXTS[:17], TEXTS[17:], strict=True))
-    got = _infer(engine, [{"premise": a, "hypothesis": b} for a, b in pairs])
+    got = infer_one_by_one(engine, [{"premise": a, "hypothesis": b} for a, b in pairs])
     for (text, pair), result in zip(pairs, got, strict=True):
         want = reference({"text": text, "text_pair": pair}, top_k=3, function_to_apply=function, truncation=True,
                          max_length=engine.task.max_tokens)
@@ -110,7 +98,7 @@ def test_token_classification_equals_the_pipeline(model: str, backends: tuple[st
         for backend in backends:
             engine = make_engine(backend, model=str(tiny[model]), task="token-classification",
                                  aggregation_strategy=strategy, warmup=False)
-            got_all = _infer(engine, TEXTS)
+            got_all = infer_one_by_one(engine, TEXTS)
             for index, (text, got, want) in enumerate(zip(TEXTS, got_all, want_all, strict=True)):
                 where = f"{backend}/{model}/{strategy}, text {index} ({text[:30]!r})"
                 assert [(e[key], e["word"], e["start"], e["end"]) for e in got] == \
@@ -135,7 +123,7 @@ def test_cross_encoder_scores_equal_sentence_transformers(backend: str, model: s
     want = CrossEncoder(str(tiny[model]), device="cpu").predict(pairs, batch_size=16)
     engine = make_engine(backend, model=str(tiny[model]), task="cross-encoder",
                          inputs={"text": "query", "text_pair": "doc.body"})
-    got = _infer(engine, [{"query": q, "doc": {"body": p}} for q, p in pairs])
+    got = infer_one_by_one(engine, [{"query": q, "doc": {"body": p}} for q, p in pairs])
     assert all(isinstance(score, float) for score in got)
     np.testing.assert_allclose(got, want, atol=SCORE_TOLERANCE)
     assert float(np.std(got)) > 0.01  # scores that differ per pair
@@ -164,10 +152,10 @@ def test_embeddings_equal_sentence_transformers(backend: str, model: str, option
 
     want = SentenceTransformer(str(tiny[model]), device="cpu").encode(TEXTS, **encode)
     engine = make_engine(backend, model=str(tiny[model]), **options)
-    got = np.asarray(_infer(engine, TEXTS), dtype=np.float32)
+    got = np.asarray(infer_one_by_one(engine, TEXTS), dtype=np.float32)
     assert got.shape == want.shape
-    cosines = _cosines(got, want)
-    assert cosines.min() >= MIN_COSINE, f"text {int(cosines.argmin())}: cosine {cosines.min():.6f}"
+    similarity = cosines(got, want)
+    assert similarity.min() >= MIN_COSINE, f"text {int(similarity.argmin())}: cosine {similarity.min():.6f}"
     np.testing.assert_allclose(np.linalg.norm(got, axis=1), np.linalg.norm(want, axis=1), rtol=1e-4)
 
 
@@ -179,12 +167,12 @@ def test_pooling_and_dimensions_overrides_equal_sentence_transformers(tiny: dict
     reference[1].pooling_mode = "max"
     want = reference.encode(TEXTS, truncate_dim=12, normalize_embeddings=True)
     engine = make_engine("onnx", model=str(tiny["embedder-cls"]), pooling="max", dimensions=12)
-    got = np.asarray(_infer(engine, TEXTS), dtype=np.float32)
+    got = np.asarray(infer_one_by_one(engine, TEXTS), dtype=np.float32)
     assert got.shape == (len(TEXTS), 12)
     np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)  # normalised again after truncation
-    assert _cosines(got, want).min() >= MIN_COSINE
-    plain = np.asarray(_infer(make_engine("onnx", model=str(tiny["embedder-cls"]), warmup=False), TEXTS[:5]))
-    assert _cosines(plain[:, :12], got[:5]).max() < 0.9999  # the override changed something
+    assert cosines(got, want).min() >= MIN_COSINE
+    plain = np.asarray(infer_one_by_one(make_engine("onnx", model=str(tiny["embedder-cls"]), warmup=False), TEXTS[:5]))
+    assert cosines(plain[:, :12], got[:5]).max() < 0.9999  # the override changed something
 
 
 def test_an_older_layout_with_the_transformer_in_a_subfolder_equals_sentence_transformers(
@@ -212,7 +200,7 @@ def test_an_older_layout_with_the_transformer_in_a_subfolder_equals_sentence_tra
     for backend in BOTH:
         engine = make_engine(backend, model=str(model))
         assert engine.task.max_tokens == 24
-        assert _cosines(np.asarray(_infer(engine, TEXTS)), want).min() >= MIN_COSINE
+        assert cosines(np.asarray(infer_one_by_one(engine, TEXTS)), want).min() >= MIN_COSINE
 
 
 def test_an_embedding_does_not_depend_on_its_batch_mates(tiny: dict[str, Path], make_engine: Callable[..., Any]) -> None:
@@ -253,15 +241,15 @@ def test_every_text_task_on_the_gpu_equals_the_cpu(kind: str, device_options: di
 
     values: list[Any] = ([{"q": a, "p": b} for a, b in zip(TEXTS, TEXTS[3:] + TEXTS[:3], strict=True)]
                          if options.get("task") == "cross-encoder" else TEXTS)
-    want = _infer(make_engine("torch", model=str(tiny[model]), **options), values)
+    want = infer_one_by_one(make_engine("torch", model=str(tiny[model]), **options), values)
     engine_type = registry.lookup(kind)
     extra = {"engine_cache_dir": str(tmp_path), "export_cache_dir": str(tmp_path)} if kind == "tensorrt" else {}
     engine = engine_type.factory(engine_type.options(model=str(tiny[model]), **device_options, **extra, **options),
                                  EngineContext(max_batch_size=16))
     engine.start()
-    got = _infer(engine, values)
+    got = infer_one_by_one(engine, values)
     if model.startswith("embedder"):
-        assert _cosines(np.asarray(got), np.asarray(want)).min() >= 0.999
+        assert cosines(np.asarray(got), np.asarray(want)).min() >= 0.999
     elif model == "cross-encoder":
         np.testing.assert_allclose(got, want, atol=1e-3)
     elif model == "ner":
