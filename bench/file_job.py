@@ -109,10 +109,9 @@ telemetry: {{status: "off"}}
 """
 
 
-def run_job(workdir: Path, loaded: Any, engine: Any) -> tuple[float, RecordingEngine, int]:
-    """One job over the corpus with ``engine``: (wall seconds, the recorder, rows written)."""
-    import pyarrow.parquet as pq
-
+def run_recorded(loaded: Any, engine: Any, bench: str) -> tuple[Any, RecordingEngine]:
+    """The pipeline's file job, in this process, with ``engine`` recorded: (the run's summary, the recorder).
+    SystemExit naming ``bench`` when the job stops on an error."""
     from sluice.connectors.files import open_files, plan_files
     from sluice.operator.build import build_codec
     from sluice.operator.runner import Runner
@@ -125,7 +124,15 @@ def run_job(workdir: Path, loaded: Any, engine: Any) -> tuple[float, RecordingEn
                     on_close=[files.close])
     summary = runner.run()
     if summary.error:
-        raise SystemExit(f"file_job: the job stopped on an error: {summary.error}")
+        raise SystemExit(f"{bench}: the job stopped on an error: {summary.error}")
+    return summary, recorder
+
+
+def run_job(workdir: Path, loaded: Any, engine: Any) -> tuple[float, RecordingEngine, int]:
+    """One job over the corpus with ``engine``: (wall seconds, the recorder, rows written)."""
+    import pyarrow.parquet as pq
+
+    summary, recorder = run_recorded(loaded, engine, "file_job")
     written = sum(pq.read_metadata(part).num_rows for part in (workdir / "out.parquet").glob("part-*.parquet"))
     return summary.elapsed_s, recorder, written
 

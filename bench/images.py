@@ -57,7 +57,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [p for p in (str(ROOT), str(ROOT / "bench")) if p not in sys.path]
 
-from file_job import RecordingEngine  # noqa: E402
+from file_job import RecordingEngine, run_recorded  # noqa: E402
 
 from tests.support.tiny_images import VIT_TINY, image_bytes, picture, save_vit_classifier  # noqa: E402
 
@@ -158,21 +158,9 @@ def run_job(workdir: Path, loaded: Any, engine: Any, output: str) -> tuple[dict[
     """One job with ``engine``: its figures and the recorder of its batches."""
     import pyarrow.parquet as pq
 
-    from sluice.connectors.files import open_files, plan_files
-    from sluice.operator.build import build_codec
-    from sluice.operator.runner import Runner
-
     (workdir / f"{output}.checkpoint").unlink(missing_ok=True)  # each repeat a fresh job
-    recorder = RecordingEngine(engine)
-    p = loaded.pipeline
-    files = open_files(p, plan_files(p, loaded.base_dir), time.monotonic)
-    assert files.source is not None and files.sink is not None
-    runner = Runner(loaded, files.source, files.sink, recorder, codec=build_codec(loaded, recorder),
-                    on_close=[files.close])
     started_s = time.perf_counter()
-    summary = runner.run()
-    if summary.error:
-        raise SystemExit(f"images: the job stopped on an error: {summary.error}")
+    summary, recorder = run_recorded(loaded, engine, "images")
     written = sum(pq.read_metadata(part).num_rows for part in (workdir / output).glob("part-*.parquet"))
     figures = {"job_s": summary.elapsed_s, "written": written, "dead_lettered": summary.num_dead_lettered,
                "num_batches": len(recorder.batches), "mean_batch_size": summary.mean_batch_size,
