@@ -2,7 +2,8 @@
 
 * :func:`require_head` -- a start-up error unless ``config.json`` describes a model with the head the task
   needs (``...ForSequenceClassification`` / ``...ForTokenClassification``) and its labels.
-* :func:`softmax`, :func:`sigmoid` -- row-wise, in float32, as the transformers pipelines compute them.
+* :func:`softmax`, :func:`sigmoid` -- row-wise, in float32, as the transformers pipelines compute them;
+  :func:`ranked` -- the best labels of a row, as they rank them.
 * :func:`logits_output` -- the model output holding the logits.
 """
 
@@ -65,3 +66,10 @@ def softmax(logits: np.ndarray) -> np.ndarray:
 
 def sigmoid(logits: np.ndarray) -> np.ndarray:
     return (1.0 / (1.0 + np.exp(-logits))).astype(np.float32, copy=False)
+
+
+def ranked(labels: dict[int, str], scores: np.ndarray, top_k: int) -> list[dict[str, object]]:
+    """The ``top_k`` best ``{"label", "score"}`` of one row of scores, best first; equal scores keep label order
+    (a stable sort, as transformers' pipelines)."""
+    order = sorted(range(len(scores)), key=lambda i: -scores[i])[:top_k]
+    return [{"label": labels[i], "score": float(scores[i])} for i in order]

@@ -21,7 +21,7 @@ from pydantic import Field
 from sluice.engines.backends.arrays import ArrayOps
 from sluice.engines.backends.base import ModelClass, ModelIO
 from sluice.engines.tasks.base import ModelRun, Task, TaskContext, TaskOptions, TaskType
-from sluice.engines.tasks.heads import check_num_labels, logits_output, require_head
+from sluice.engines.tasks.heads import check_num_labels, logits_output, ranked, require_head
 from sluice.engines.tasks.image_inputs import (
     ImageInputs,
     ImageItem,
@@ -81,9 +81,7 @@ class ImageClassificationTask(Task):
         scores = apply_function(self.function, ops.to_host(outputs[0]).astype(np.float32))  # (batch, labels)
         if scores.shape[-1] != len(self.labels):
             raise ValueError(f"the model gave {scores.shape[-1]} scores per image for {len(self.labels)} labels")
-        return [[{"label": self.labels[i], "score": float(row[i])}
-                 for i in sorted(range(len(row)), key=lambda i: -row[i])[: self.top_k]]  # stable: ties keep order
-                for row in scores]
+        return [ranked(self.labels, row, self.top_k) for row in scores]
 
     def warmup_items(self, num_items: int) -> list[Any]:
         return [self.inputs.warmup_item()] * num_items

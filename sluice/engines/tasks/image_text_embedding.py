@@ -86,13 +86,13 @@ class ImageTextEmbeddingTask(Task):
         self.fields = dict(options.inputs) or {"image": "."}
         self.tokenizer: TextTokenizer | None = None
         if "text" in self.fields:
-            limit = _text_limit(config.raw, read_tokenizer_config(self.model_dir))
+            tokenizer_config = read_tokenizer_config(self.model_dir)
+            limit = _text_limit(config.raw, tokenizer_config)
             if options.max_length is not None and options.max_length > limit:
                 raise EngineStartError(f"task {self.name}: max_length {options.max_length} is more than the model's "
                                        f"text length ({limit} tokens)")
             self.max_tokens = options.max_length or limit
-            self.tokenizer = TextTokenizer(self.model_dir, self.max_tokens, config,
-                                           read_tokenizer_config(self.model_dir), task=self.name)
+            self.tokenizer = TextTokenizer(self.model_dir, self.max_tokens, config, tokenizer_config, task=self.name)
         self.text_names = text_inputs(self.model_dir)
         self.full_length = pads_to_full_length(config.model_type)
         self.normalize = options.normalize if options.normalize is not None else st_normalize

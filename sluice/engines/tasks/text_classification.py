@@ -22,7 +22,7 @@ from pydantic import Field, model_validator
 from sluice.engines.backends.arrays import ArrayOps
 from sluice.engines.backends.base import ModelClass
 from sluice.engines.tasks.base import ModelRun, TaskContext, TaskOptions, TaskType
-from sluice.engines.tasks.heads import sigmoid, softmax
+from sluice.engines.tasks.heads import ranked, sigmoid, softmax
 from sluice.engines.tasks.model_config import (
     ModelConfig,
 )
@@ -96,8 +96,7 @@ class TextClassificationTask(TextTask):
         if self.top_k is None:
             best = int(row.argmax())  # the first of equal maxima, as the pipeline
             return {"label": self.labels[best], "score": float(row[best])}
-        order = sorted(range(len(row)), key=lambda i: -row[i])[: self.top_k]  # stable: ties keep label order
-        return [{"label": self.labels[i], "score": float(row[i])} for i in order]
+        return ranked(self.labels, row, self.top_k)
 
 
 def _create(options: TextClassificationOptions, context: TaskContext) -> TextClassificationTask:
