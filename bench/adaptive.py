@@ -29,7 +29,7 @@ from confluent_kafka import Consumer, Producer  # noqa: E402
 from embed_engine import review_texts  # noqa: E402
 
 from sluice.config import parse_pipeline  # noqa: E402
-from sluice.models import fetch  # noqa: E402
+from sluice.model_store import fetch  # noqa: E402
 from sluice.operator.build import build_runner  # noqa: E402
 from tests.support.kafka import create_topic, produce, unique_topic  # noqa: E402
 

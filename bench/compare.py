@@ -164,7 +164,7 @@ def main() -> None:
             peers.remove(peer)
     if "sluice" not in peers:
         parser.error("--peers must include sluice: loads are fractions of its saturation rate")
-    from sluice.models import fetch
+    from sluice.model_store import fetch
 
     fetch("minilm-l6")
     texts = review_texts(2000)

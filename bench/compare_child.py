@@ -37,9 +37,9 @@ def make_model(workload: str, threads: int) -> tuple[Model, str]:
 
     if workload == "noop":
         return noop, "result"
-    from sluice.engines.base import EngineContext
-    from sluice.engines.onnx import OnnxEngine, OnnxOptions
-    from sluice.models import fetch
+    from sluice.engines.engine_contract import EngineContext
+    from sluice.engines.onnx.onnx_engine import OnnxEngine, OnnxOptions
+    from sluice.model_store import fetch
 
     # onnxruntime's own default, spinning worker threads, as a hand-written app gets it: faster for a loop that
     # does nothing else while the model runs (Sluice turns it off: its intake and emitter threads need the cores)

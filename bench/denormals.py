@@ -42,8 +42,8 @@ class OnItsThread:
 
 
 def _build(quantize: str, flush: bool, threads: int) -> Any:
-    from sluice.engines.base import EngineContext
-    from sluice.engines.onnx import ENGINE_TYPE, OnnxOptions
+    from sluice.engines.engine_contract import EngineContext
+    from sluice.engines.onnx.onnx_engine import ENGINE_TYPE, OnnxOptions
 
     options = OnnxOptions(model="minilm-l6", providers=["cpu"], intra_op_num_threads=threads,
                           inter_op_num_threads=1, quantize=quantize, flush_denormals=flush)
@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "denormals.json")
     args = parser.parse_args(argv)
 
-    from sluice.models import fetch
+    from sluice.model_store import fetch
 
     fetch("minilm-l6")
     configs = {f"{q}/{'flush' if f else 'keep'}": (q, f) for q in ("none", "int8") for f in (True, False)}

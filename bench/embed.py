@@ -28,9 +28,9 @@ from common import RESULTS, ROOT, broker, output_rate  # noqa: E402
 from embed_engine import review_texts, time_batches  # noqa: E402
 
 from sluice.config import parse_pipeline  # noqa: E402
-from sluice.engines.base import EngineContext  # noqa: E402
-from sluice.engines.onnx import OnnxEngine, OnnxOptions  # noqa: E402
-from sluice.models import fetch  # noqa: E402
+from sluice.engines.engine_contract import EngineContext  # noqa: E402
+from sluice.engines.onnx.onnx_engine import OnnxEngine, OnnxOptions  # noqa: E402
+from sluice.model_store import fetch  # noqa: E402
 from sluice.operator.build import build_runner  # noqa: E402
 from tests.support.kafka import create_topic, produce, unique_topic  # noqa: E402
 

@@ -128,8 +128,8 @@ def time_interleaved(engines: dict[str, Any], items: Sequence[Any], batch_size: 
 
 
 def _build_engine(model: str, threads: int, quantize: str = "none") -> Any:
-    from sluice.engines.base import EngineContext
-    from sluice.engines.onnx import ENGINE_TYPE, OnnxOptions
+    from sluice.engines.engine_contract import EngineContext
+    from sluice.engines.onnx.onnx_engine import ENGINE_TYPE, OnnxOptions
 
     # quantize only when asked: bench/embed_baseline.py runs this script against revisions without it
     extra = {} if quantize == "none" else {"quantize": quantize}
@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "embed_engine.json")
     args = parser.parse_args(argv)
 
-    from sluice.models import fetch
+    from sluice.model_store import fetch
 
     if args.model == "minilm-l6":
         fetch("minilm-l6")

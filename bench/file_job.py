@@ -37,7 +37,7 @@ sys.path[:0] = [p for p in (str(ROOT), str(ROOT / "bench")) if p not in sys.path
 
 from embed_engine import review_texts  # noqa: E402
 
-from sluice.engines.base import BatchEngine  # noqa: E402
+from sluice.engines.engine_contract import BatchEngine  # noqa: E402
 
 
 class RecordingEngine(BatchEngine):
@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         args.num_rows, args.repeats = 2000, 1
 
     from sluice.config import load_pipeline
-    from sluice.models import fetch
+    from sluice.model_store import fetch
     from sluice.operator.build import build_engine
 
     fetch("minilm-l6")

@@ -3,7 +3,7 @@ encoders: records/s by batch size against batch 1, and cosine against the same e
 
     python bench/gpu_check_embed.py --out rows.json [--device cuda] [--profile full] [--budget-s 90]
 
-The engine is built through its public engine type (``registry.lookup("torch")``: options model and
+The engine is built through its public engine type (``engine_types.lookup("torch")``: options model and
 factory), as a pipeline builds it. Records are review-like texts (``bench/embed_engine.review_texts``),
 tokenised in ``prepare`` and batched in length-sorted windows (what ``bucket_by: tokens`` does); only
 ``infer`` is timed. :func:`measure_engine` also serves the ONNX Runtime / TensorRT rows
@@ -28,10 +28,10 @@ MIN_COSINE = {"float16": 0.999, "bfloat16": 0.99, "float32": 0.999}  # bf16 keep
 
 
 def start_engine(engine_type: str, options: dict[str, Any], max_batch_size: int) -> Any:
-    from sluice.engines import registry
-    from sluice.engines.base import EngineContext
+    from sluice.engines import engine_types
+    from sluice.engines.engine_contract import EngineContext
 
-    kind = registry.lookup(engine_type)
+    kind = engine_types.lookup(engine_type)
     engine = kind.factory(kind.options(**options), EngineContext(max_batch_size=max_batch_size))
     engine.start()
     return engine

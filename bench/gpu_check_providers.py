@@ -74,7 +74,7 @@ def main() -> None:
     args = child_args(__doc__.splitlines()[0])
     from embed_engine import review_texts
 
-    from sluice.models.export import export_encoder_to_onnx
+    from sluice.model_store.export import export_encoder_to_onnx
 
     clock = Clock(args.budget_s)
     sizes = BATCH_SIZES[args.profile]

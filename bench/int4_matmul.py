@@ -1,4 +1,4 @@
-"""The int4 matmuls of the LLM engine side by side: Sluice's native kernel (``kernels/native/int4_matmul.cpp``)
+"""The int4 matmuls of the LLM engine side by side: Sluice's native kernel (``cpu/native/int4_matmul.cpp``)
 on a Q4_0-shaped weight's scales only and on its (scale, zero point) pairs, torch's
 ``_weight_int4pack_mm_for_cpu`` and the dense path (weight unpacked to bf16, oneDNN GEMM:
 ``quant/int4_dense.py``), on the projection shapes of SmolLM2-135M and Llama-3.2-1B, from one row (a decode
@@ -55,7 +55,7 @@ def _implementations(weights: list[tuple[Int4Weight, torch.Tensor]], x: torch.Te
                      ) -> dict[str, Callable[[], object]]:  # fmt: skip
     """The ways to compute ``x @ W.T``, each call on the next copy of the weight: Sluice's kernel on the
     scales only and on (scale, zero point) pairs, torch's kernel (pairs), the dense path."""
-    from sluice.engines.llm.kernels import native_cpu
+    from sluice.engines.llm.cpu import native_cpu
     from sluice.engines.llm.quant import int4_dense
 
     turn = iter(range(1 << 62))
@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="two shapes, rows 1 and 32: checks the plumbing")
     ap.add_argument("--out", default=str(RESULTS))
     args = ap.parse_args(argv)
-    from sluice.engines.llm.kernels import native_cpu
+    from sluice.engines.llm.cpu import native_cpu
 
     if not native_cpu.int4_matmul_usable():
         print("the native int4 kernel is not available here (needs AVX512-BF16 and VBMI, and a C++ compiler)")

@@ -30,7 +30,7 @@ TARGETS = ("llama-server", "llama-quantize")
 
 def cache_root() -> Path:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from sluice.models.fetch import default_cache_dir
+    from sluice.model_store.download import default_cache_dir
 
     return default_cache_dir() / "tools" / f"llama.cpp-server-{VERSION}"
 

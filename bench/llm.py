@@ -171,7 +171,7 @@ def main() -> None:
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "llm.json"))
     args = ap.parse_args()
 
-    from sluice.engines.llm.tokenizer import ChatTokenizer
+    from sluice.engines.llm.loading.chat_tokenizer import ChatTokenizer
 
     model = model_path(args.model)
     tok = ChatTokenizer.from_path(model)
@@ -212,7 +212,7 @@ def model_path(model: str | None) -> str:
     """The model a benchmark runs: the one given, or SmolLM2-135M fetched into the model cache."""
     if model is not None:
         return model
-    from sluice.models import fetch
+    from sluice.model_store import fetch
 
     return str(fetch("smollm2-135m"))
 

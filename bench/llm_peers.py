@@ -73,7 +73,7 @@ def baseline_checkout(ref: str) -> str:
     """A ``git worktree`` of ``ref`` (resolved to its commit) in the Sluice cache, outside the checkout; its path."""
     import subprocess
 
-    from sluice.models import default_cache_dir
+    from sluice.model_store import default_cache_dir
 
     repo = Path(__file__).resolve().parent.parent
     commit = subprocess.run(["git", "rev-parse", "--verify", f"{ref}^{{commit}}"], cwd=repo, check=True,
@@ -254,7 +254,7 @@ def main(argv: list[str] | None = None) -> None:
     args.baseline_root = baseline_checkout(args.baseline_ref) if args.baseline_ref else None
     args.weights = args.weights.split(",")
     names = ["smollm2"] if args.quick else args.models.split(",")
-    from sluice.engines.llm.tokenizer import ChatTokenizer
+    from sluice.engines.llm.loading.chat_tokenizer import ChatTokenizer
 
     rows: list[dict[str, Any]] = []
     for name in names:

@@ -29,7 +29,7 @@ _LAYOUT = 2  # bump when what llama_1b writes changes (2: with a chat template)
 
 
 def smollm2() -> str:
-    from sluice.models import fetch
+    from sluice.model_store import fetch
 
     path = Path(fetch("smollm2-135m"))
     return str(next(iter(sorted(path.glob("*.gguf")))))

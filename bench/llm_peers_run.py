@@ -117,8 +117,8 @@ def run_sluice_at(root: str, *args: Any) -> dict[str, Any]:
 def _kv_bytes_per_token(model: str, weights: str) -> int:
     """K and V of every layer for one token: float32 for ``weights: fp32``, else bf16 (what ``kv_cache_dtype:
     auto`` gives packed weights; ``run_sluice`` checks it)."""
-    from sluice.engines.llm.checkpoint import find_gguf, model_config_from_gguf, model_config_from_hf
-    from sluice.engines.llm.gguf_file import GGUFFile
+    from sluice.engines.llm.loading.checkpoint import find_gguf, model_config_from_gguf, model_config_from_hf
+    from sluice.engines.llm.loading.gguf_file import GGUFFile
 
     gguf = find_gguf(model)
     if gguf is not None:

@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> None:
 
     import torch
 
-    from sluice.engines.llm.tokenizer import ChatTokenizer
+    from sluice.engines.llm.loading.chat_tokenizer import ChatTokenizer
 
     torch.set_num_threads(args.threads)
     model = model_path(args.model)

@@ -36,8 +36,8 @@ from llm import SYSTEM_PROMPT, build_workload  # noqa: E402
 
 from sluice.config import parse_pipeline  # noqa: E402
 from sluice.connectors.kafka import KafkaSink, KafkaSource  # noqa: E402
-from sluice.engines.base import BatchEngine  # noqa: E402
-from sluice.models import fetch  # noqa: E402
+from sluice.engines.engine_contract import BatchEngine  # noqa: E402
+from sluice.model_store import fetch  # noqa: E402
 from sluice.operator.build import build_runner  # noqa: E402
 from sluice.operator.observer import Observer  # noqa: E402
 from sluice.operator.runner import Runner  # noqa: E402

@@ -40,7 +40,7 @@ def run_mode(model: str, weights: str, threads: int) -> dict[str, Any]:
     from llm import OPINIONS, PRODUCTS
 
     from sluice.engines.llm import LLM, SamplingParams
-    from sluice.engines.llm.layers.quantized import packed_nbytes
+    from sluice.engines.llm.model.layers.quantized import packed_nbytes
     from sluice.engines.llm.structured.spec import StructuredOutput
     from tests.engines.llm.test_parity import SMOL_QUESTIONS
 

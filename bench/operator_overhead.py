@@ -43,9 +43,9 @@ from confluent_kafka.serialization import MessageField, SerializationContext  # 
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider  # noqa: E402
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult  # noqa: E402
 
+from sluice.codecs.subjects import no_subject  # noqa: E402
 from sluice.config import Tracing, parse_pipeline  # noqa: E402
 from sluice.operator.build import build_runner  # noqa: E402
-from sluice.schemas.subjects import no_subject  # noqa: E402
 from sluice.telemetry import build_observer  # noqa: E402
 from tests.support.kafka import create_topic, produce, unique_topic  # noqa: E402
 

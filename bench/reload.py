@@ -62,7 +62,7 @@ def versions(engine: str, root: Path, pause_s: float) -> tuple[Path, Path]:
         return v1 / "model.json", v2 / "model.json"
     import onnx
 
-    from sluice.models import fetch
+    from sluice.model_store import fetch
 
     minilm = fetch("minilm-l6")
     for target in (v1, v2):

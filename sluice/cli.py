@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 from sluice import __version__, logs
 from sluice.cli_args import EXIT_FAILED, EXIT_OK, EXIT_USAGE, load, positive, set_option
 from sluice.config import LoadedPipeline
-from sluice.engines.base import first_line
+from sluice.engines.engine_contract import first_line
 
 if TYPE_CHECKING:
     from sluice.operator.reload.pid_file import PidFile
@@ -143,7 +143,7 @@ def _parser() -> argparse.ArgumentParser:
 
     add_reload(sub, common)
     try:
-        from sluice.models.cli import add_parser as add_models
+        from sluice.model_store.store_cli import add_parser as add_models
     except ImportError:  # models support not installed
         pass
     else:

@@ -73,7 +73,7 @@ def _check_model(loaded: LoadedPipeline) -> tuple[str | None, list[str]]:
     """(the error, the warnings) about ``engine.model``, found as ``sluice run`` would find it here and checked
     as the engine's start checks it before loading it (sluice/engines/model_check.py). A model that is not
     here is only a warning: the file may be validated on another machine than the one that runs it (a CI job)."""
-    from sluice.engines.base import EngineContext
+    from sluice.engines.engine_contract import EngineContext
     from sluice.engines.model_check import check_model
 
     p = loaded.pipeline

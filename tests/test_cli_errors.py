@@ -31,14 +31,14 @@ TASK_OF = {"wrong-head": "text-classification", "no-pad-token": "text-classifica
 
 @pytest.fixture(scope="module")
 def broken(tmp_path_factory: pytest.TempPathFactory, smollm2_gguf: Path) -> dict[str, Path]:
-    from sluice.models import fetch
+    from sluice.model_store import fetch
 
     return build_all(tmp_path_factory.mktemp("broken-models"), fetch("minilm-l6"), smollm2_gguf)
 
 
 @pytest.fixture(scope="module")
 def smollm2_gguf() -> Path:
-    from sluice.models import fetch
+    from sluice.model_store import fetch
 
     return next(fetch("smollm2-135m").glob("*.gguf"))
 

@@ -128,3 +128,25 @@ def test_the_length_check_wants_the_reason_in_the_first_paragraph() -> None:
     assert too_long('"""A parser.\n\nOver 300 lines: it is one grammar, read top to bottom."""\n' + body) is not None
     assert too_long('"""A parser. Over 300 lines:"""\n' + body) is not None  # a marker without a reason
     assert too_long('"""A parser. Over 300 lines: it is one grammar,\nread top to bottom."""\n' + body) is None
+
+
+def repeated_module_names(paths: list[Path]) -> dict[str, list[str]]:
+    """Module file names (``__init__.py`` aside) used by more than one module, with where."""
+    where: dict[str, list[str]] = {}
+    for p in paths:
+        if p.name != "__init__.py":
+            where.setdefault(p.name, []).append(str(p.relative_to(ROOT)))
+    return {name: places for name, places in where.items() if len(places) > 1}
+
+
+def test_no_module_name_is_used_twice_in_sluice() -> None:
+    # A name says what a module holds without its folder: ``registry.py`` four times meant four things.
+    paths = sorted((ROOT / "sluice").rglob("*.py"))
+    assert len(paths) > 100
+    assert repeated_module_names(paths) == {}
+
+
+def test_the_repeated_name_check_finds_a_repeat() -> None:
+    paths = [ROOT / "sluice" / "a" / "base.py", ROOT / "sluice" / "b" / "base.py", ROOT / "sluice" / "a" / "x.py",
+             ROOT / "sluice" / "a" / "__init__.py", ROOT / "sluice" / "b" / "__init__.py"]
+    assert repeated_module_names(paths) == {"base.py": ["sluice/a/base.py", "sluice/b/base.py"]}

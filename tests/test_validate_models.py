@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from sluice.config import load_pipeline
-from sluice.engines.base import EngineContext
+from sluice.engines.engine_contract import EngineContext
 from sluice.engines.model_check import ModelCheck, check_model
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -93,8 +93,8 @@ def _table(model: Any, path: str, skip: tuple[str, ...] = ()) -> list[str]:
 
 def configuration_md() -> str:
     from sluice.config import Pipeline
-    from sluice.engines import registry
-    from sluice.engines.tasks import registry as tasks
+    from sluice.engines import engine_types
+    from sluice.engines.tasks import task_types as tasks
 
     out = [GENERATED_NOTE.format(source="the pipeline's pydantic models (sluice/config/, the engines' options)"),
            "# Configuration reference", "",
@@ -110,8 +110,8 @@ def configuration_md() -> str:
             "The keys under `engine:` beside `type`, per engine type (`model_name` and `reload` above are "
             "every engine's).", ""]
     task_fields = set(tasks.task_fields().model_fields)
-    for name in registry.known_types():
-        options = registry.lookup(name).options
+    for name in engine_types.known_types():
+        options = engine_types.lookup(name).options
         own = tuple(f for f in options.model_fields if f in task_fields and f != "task")
         out += [f"### `engine.type: {name}`", "", *_table(options, "engine", skip=own), ""]
         if own:
@@ -221,9 +221,9 @@ def metrics_md() -> str:
 
 
 def families_md() -> str:
-    from sluice.engines.llm.models.registry import FAMILIES
+    from sluice.engines.llm.model.families.family_registry import FAMILIES
 
-    out = [GENERATED_NOTE.format(source="the LLM engine's model registry (sluice/engines/llm/models/registry.py)"),
+    out = [GENERATED_NOTE.format(source="the LLM engine's model registry (sluice/engines/llm/model/families/family_registry.py)"),
            "# LLM model families", "",
            "The families Sluice's LLM engine implements. A Hugging Face directory is matched by its "
            "`config.json`'s first `architectures` entry, then its `model_type`; a GGUF file by "

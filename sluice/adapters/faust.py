@@ -43,10 +43,10 @@ from typing import Any, Protocol
 from pydantic import ValidationError
 
 from sluice.config import Batching, EngineSection
-from sluice.engines import registry
-from sluice.engines.base import BatchEngine, EngineContext, first_line
+from sluice.engines import engine_types
+from sluice.engines.engine_contract import BatchEngine, EngineContext, first_line
 from sluice.operator.batcher import Batcher, BatchPolicy
-from sluice.operator.bisection import Failed, infer_isolating
+from sluice.operator.failures.bisection import Failed, infer_isolating
 
 
 class EventLike(Protocol):
@@ -179,7 +179,7 @@ class Enricher:
 def _build_engine(section: dict[str, Any], batching: Batching) -> BatchEngine:
     try:
         parsed = EngineSection.model_validate(section)
-        engine_type = registry.lookup(parsed.type)
+        engine_type = engine_types.lookup(parsed.type)
         options = engine_type.options.model_validate(parsed.raw_options())
     except ValidationError as err:
         raise FaustAdapterError(f"engine: {_first_error(err)}") from None

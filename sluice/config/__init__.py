@@ -26,7 +26,6 @@ This layer imports nothing of the operator: the operator, the connectors and the
 
 from __future__ import annotations
 
-from sluice.config.base import Section
 from sluice.config.batching import Batching
 from sluice.config.codec import REGISTRY_FORMATS, BasicAuth, Codec, RegistryTls, SchemaRegistry
 from sluice.config.delivery import ExactlyOnce, Runtime
@@ -36,6 +35,7 @@ from sluice.config.kafka import KafkaSecurity, KafkaSink, KafkaSource, Sasl, Tls
 from sluice.config.loader import load_pipeline, parse_pipeline
 from sluice.config.messages import ConfigError
 from sluice.config.pipeline import LoadedPipeline, Pipeline
+from sluice.config.section import Section
 from sluice.config.sink import DeadLetter, Output, Sink
 from sluice.config.source import Source
 from sluice.config.telemetry import Metrics, Telemetry, Tracing

@@ -18,9 +18,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from sluice.config.base import changed_keys
 from sluice.config.connectors import check_connectors, connector_warnings
 from sluice.config.pipeline import Pipeline
+from sluice.config.section import changed_keys
 from sluice.config.yaml_file import YamlPath
 
 _DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")

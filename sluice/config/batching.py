@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from sluice.config.base import Section
+from sluice.config.section import Section
 
 
 class Batching(Section):

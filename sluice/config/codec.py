@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
-from sluice.config.base import Section, check_import_path
+from sluice.config.section import Section, check_import_path
 
 REGISTRY_FORMATS = ("avro", "protobuf", "json_schema")
 
@@ -67,7 +67,7 @@ class SchemaRegistry(Section):
 
 class Codec(Section):
     # openai-batch: lines of OpenAI's batch API ({"custom_id", "method", "url", "body"}) for the llm engine,
-    # answered with lines as OpenAI's batch output file has them (sluice/schemas/openai_batch.py)
+    # answered with lines as OpenAI's batch output file has them (sluice/codecs/openai_batch.py)
     format: Literal["json", "raw", "avro", "protobuf", "json_schema", "openai-batch"] = "json"
     """`json`: a JSON object per record; `raw`: the UTF-8 value is the input (for an image task with
     `engine.image.source: bytes`, the value's bytes: an image file); `avro`, `protobuf`,

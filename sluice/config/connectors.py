@@ -17,9 +17,9 @@ the YAML path of the setting to change, and says what to do instead:
 
 from __future__ import annotations
 
-from sluice.config.base import changed_keys
 from sluice.config.codec import REGISTRY_FORMATS
 from sluice.config.pipeline import Pipeline
+from sluice.config.section import changed_keys
 from sluice.config.yaml_file import YamlPath
 
 Problem = tuple[YamlPath, str]

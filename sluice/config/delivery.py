@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field, model_validator
 
-from sluice.config.base import Section
+from sluice.config.section import Section
 
 
 class Runtime(Section):

@@ -11,8 +11,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from sluice.config.base import Section
-from sluice.engines import registry
+from sluice.config.section import Section
+from sluice.engines import engine_types
 
 
 class Reload(Section):
@@ -42,8 +42,8 @@ class EngineSection(BaseModel):
     @field_validator("type")
     @classmethod
     def _known(cls, value: str) -> str:
-        if value not in registry.known_types():
-            raise ValueError(f"unknown engine type {value!r}; expected one of {registry.known_types()}")
+        if value not in engine_types.known_types():
+            raise ValueError(f"unknown engine type {value!r}; expected one of {engine_types.known_types()}")
         return value
 
     def raw_options(self) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from sluice.config.base import Section
+from sluice.config.section import Section
 
 FileFormat = Literal["jsonl", "parquet"]
 

@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 from pydantic import Field, SecretStr, field_validator, model_validator
 
 from sluice.config import client_settings
-from sluice.config.base import Section
+from sluice.config.section import Section
 
 
 class Sasl(Section):

@@ -22,7 +22,7 @@ from sluice.config.messages import ConfigError, describe, kind_of, short, where
 from sluice.config.overrides import OverrideError, apply_overrides
 from sluice.config.pipeline import LoadedPipeline, Pipeline
 from sluice.config.yaml_file import YamlPath, YamlProblem, load_yaml, read_text
-from sluice.engines import registry
+from sluice.engines import engine_types
 
 _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::([^}]*))?\}")
 log = logging.getLogger(__name__)
@@ -84,7 +84,7 @@ def _parse(text: str, source: str, environ: Mapping[str, str], base_dir: Path | 
         raise ConfigError(source, describe(err, (), lines, Pipeline)) from None
 
     try:
-        engine_type = registry.lookup(pipeline.engine.type)
+        engine_type = engine_types.lookup(pipeline.engine.type)
     except ImportError as err:
         raise ConfigError(source, [f"{where(('engine', 'type'), lines)}: engine '{pipeline.engine.type}' is not "
                                    f"available in this installation ({err})"]) from None

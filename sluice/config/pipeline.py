@@ -8,13 +8,13 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError, model_validator
 
-from sluice.config.base import Section, check_import_path
 from sluice.config.batching import Batching
 from sluice.config.codec import REGISTRY_FORMATS, Codec
 from sluice.config.delivery import ExactlyOnce, Runtime
 from sluice.config.engine import EngineSection
 from sluice.config.files import default_dead_letter_path
 from sluice.config.kafka import KafkaSecurity
+from sluice.config.section import Section, check_import_path
 from sluice.config.sink import DeadLetter, Sink
 from sluice.config.source import Source
 from sluice.config.telemetry import Telemetry

@@ -6,9 +6,9 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from sluice.config.base import Section, exactly_one_of
 from sluice.config.files import FileSink
 from sluice.config.kafka import KafkaSink
+from sluice.config.section import Section, exactly_one_of
 
 
 class Output(Section):

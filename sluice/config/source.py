@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pydantic import model_validator
 
-from sluice.config.base import Section, exactly_one_of
 from sluice.config.files import FileSource
 from sluice.config.kafka import KafkaSource
+from sluice.config.section import Section, exactly_one_of
 
 
 class Source(Section):

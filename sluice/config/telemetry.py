@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
-from sluice.config.base import Section
+from sluice.config.section import Section
 
 
 class Tracing(Section):

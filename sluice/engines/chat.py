@@ -1,8 +1,8 @@
 """Chat completions as plain data: what an engine that takes chat messages is asked, and what it answers.
 
-The contract between ``codec.format: openai-batch`` (sluice/schemas/openai_batch.py, which reads OpenAI's
+The contract between ``codec.format: openai-batch`` (sluice/codecs/openai_batch.py, which reads OpenAI's
 batch lines into a :class:`ChatRequest` and writes a :class:`ChatResult` as OpenAI's response line) and the
-``llm`` engine (sluice/engines/llm/chat.py). Settings left ``None`` are the engine's to choose.
+``llm`` engine (sluice/engines/llm/chat_requests.py). Settings left ``None`` are the engine's to choose.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ text as their ``model`` label and the start-up log prints it. The format is one 
 ``name`` never holds ``@``, spaces or parentheses (they become ``_``), so :func:`parse_label` splits it
 back. Twelve hex digits (48 bits) tell the versions of one model apart with room to spare; the start-up
 log and the ``sluice_model_info`` metric give the full digest. What the digest covers, and what it costs,
-is :mod:`sluice.models.digest`; finding and hashing a model on disk, :mod:`sluice.engines.model_source`.
+is :mod:`sluice.model_store.digest`; finding and hashing a model on disk, :mod:`sluice.engines.model_source`.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 The model is looked for where ``sluice run`` on this machine would look (a known model's fetched directory,
 a path relative to the pipeline file); when it is there, the engine's own start checks that come before
-any weights run on it (:meth:`sluice.engines.base.ModelInfo.check_model`: a ``config.json``'s architecture
+any weights run on it (:meth:`sluice.engines.engine_contract.ModelInfo.check_model`: a ``config.json``'s architecture
 or task head, a GGUF header, the tokenizer), so validate refuses exactly what start would refuse first.
 
 Two outcomes are kept apart, because a pipeline file may be validated on another machine than the one
@@ -17,8 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sluice.engines import registry
-from sluice.engines.base import EngineContext, EngineStartError, first_line
+from sluice.engines import engine_types
+from sluice.engines.engine_contract import EngineContext, EngineStartError, first_line
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,7 +35,7 @@ def check_model(engine_type: str, options: Any, context: EngineContext) -> Model
     if not isinstance(model, str):
         return ModelCheck()
     try:
-        from sluice.models import ModelError, resolve_model
+        from sluice.model_store import ModelError, resolve_model
     except ImportError:  # models support not installed
         return ModelCheck()
     try:
@@ -43,7 +43,7 @@ def check_model(engine_type: str, options: Any, context: EngineContext) -> Model
     except ModelError as err:
         return ModelCheck(unchecked=f"{err}; its files could not be checked here, and 'sluice run' on this "
                                     "machine would stop at start")
-    engine = registry.lookup(engine_type).factory(options, context)  # cheap, by the engine contract
+    engine = engine_types.lookup(engine_type).factory(options, context)  # cheap, by the engine contract
     try:
         engine.check_model()
     except EngineStartError as err:  # as `sluice run` words it (sluice/operator/build.py)

@@ -1,4 +1,4 @@
-"""Models on disk as engines name them, and their identity (the content hash; sluice/models/digest.py).
+"""Models on disk as engines name them, and their identity (the content hash; sluice/model_store/digest.py).
 
 Kept apart from :mod:`sluice.engines.identity` (plain data, imported by the engine contracts) because
 finding a model means the model catalogue, which imports engine code of its own.
@@ -10,9 +10,9 @@ import logging
 from pathlib import Path
 
 from sluice.engines.identity import ModelIdentity, ModelSource, model_name, name_digest, safe_name
-from sluice.models.catalogue import ModelError
-from sluice.models.digest import content_digest
-from sluice.models.fetch import resolve_model
+from sluice.model_store.catalogue import ModelError
+from sluice.model_store.digest import content_digest
+from sluice.model_store.download import resolve_model
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +29,7 @@ def disk_source(reference: str, base_dir: str | Path | None) -> ModelSource:
 
 def identify(source: ModelSource, engine: str, name: str | None = None) -> ModelIdentity:
     """The identity of the model ``source`` names, run by engine type ``engine``; ``name`` replaces the
-    source's (``engine.model_name``). Hashes the model (cached: :mod:`sluice.models.digest`); a model that
+    source's (``engine.model_name``). Hashes the model (cached: :mod:`sluice.model_store.digest`); a model that
     cannot be read is named by its name's digest, with a warning."""
     digest = name_digest(source.name)
     if source.path is not None:

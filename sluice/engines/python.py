@@ -28,10 +28,16 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from sluice.engines.base import BatchEngine, EngineContext, EngineError, EngineStartError, first_line
+from sluice.engines.engine_contract import (
+    BatchEngine,
+    EngineContext,
+    EngineError,
+    EngineStartError,
+    first_line,
+)
+from sluice.engines.engine_types import EngineType
 from sluice.engines.identity import ModelSource, code_source
 from sluice.engines.model_source import disk_source
-from sluice.engines.registry import EngineType
 
 
 class PythonOptions(BaseModel):

@@ -21,14 +21,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from sluice.engines.backends.base import Backend, LoadRequest, ModelFiles
-from sluice.engines.base import BatchEngine, EngineContext, EngineStartError, first_line
+from sluice.engines.backends.backend_contract import Backend, LoadRequest, ModelFiles
+from sluice.engines.engine_contract import BatchEngine, EngineContext, EngineStartError, first_line
 from sluice.engines.identity import ModelSource, code_source
 from sluice.engines.model_source import disk_source
 from sluice.engines.start_log import StartLog
-from sluice.engines.tasks import registry
-from sluice.engines.tasks.base import Task, TaskContext, TaskOptions, TaskType
+from sluice.engines.tasks import task_types
 from sluice.engines.tasks.engine_options import EngineTaskOptions
+from sluice.engines.tasks.task_contract import Task, TaskContext, TaskOptions, TaskType
 
 WARMUP_MAX_BATCH = 64
 
@@ -39,7 +39,7 @@ class TaskEngine(BatchEngine):
     def __init__(self, engine: str, options: EngineTaskOptions, backend: Backend, context: EngineContext) -> None:
         self.engine_name = engine
         self.options = options  # the engine's options: the backend's, ``task`` and the task's
-        self.task_type: TaskType = registry.lookup(options.task)
+        self.task_type: TaskType = task_types.lookup(options.task)
         self.task_options: TaskOptions = options.task_options()
         self.backend = backend
         self.context = context

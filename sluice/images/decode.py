@@ -7,7 +7,7 @@ frame.
 
 Guarantees:
 
-* Every failure is a :class:`~sluice.engines.base.RecordError` with ``stage="decode-image"`` and a one-line
+* Every failure is a :class:`~sluice.engines.engine_contract.RecordError` with ``stage="decode-image"`` and a one-line
   reason a user understands: empty input, not an image in an accepted format, a format not accepted, too
   many pixels, truncated or corrupt data. Nothing else escapes, and Pillow's ``DecompressionBombWarning``
   is never printed.
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from io import BytesIO
 from typing import TYPE_CHECKING
 
-from sluice.engines.base import RecordError, first_line
+from sluice.engines.engine_contract import RecordError, first_line
 
 if TYPE_CHECKING:
     from PIL import Image

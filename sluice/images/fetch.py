@@ -1,7 +1,7 @@
 """Fetching the bytes a record points at (a path or URL) instead of carrying them, a batch at a time.
 
 The intake thread calls :meth:`Fetcher.fetch` with one batch's locations and gets one entry per location,
-in order: the bytes, or a :class:`~sluice.engines.base.RecordError` with ``stage="fetch"`` (that record
+in order: the bytes, or a :class:`~sluice.engines.engine_contract.RecordError` with ``stage="fetch"`` (that record
 alone goes to the dead-letter topic). ``fetch`` never raises for a bad location. Guarantees:
 
 * At most ``max_concurrency`` fetches in flight: one pool of that many threads, made once, for all calls.
@@ -40,7 +40,7 @@ from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 
-from sluice.engines.base import RecordError, first_line
+from sluice.engines.engine_contract import RecordError, first_line
 from sluice.images.http_fetch import FetchTask, Refused, read_http
 
 _SLACK_S = 0.5  # past a fetch's deadline, how long ``fetch`` still waits for its worker to report

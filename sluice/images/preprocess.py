@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from sluice.engines.base import EngineStartError, RecordError
+from sluice.engines.engine_contract import EngineStartError, RecordError
 from sluice.engines.tasks.model_config import read_json
 from sluice.images.sizes import Size, read_size, shortest_edge_target
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sluice.engines.base import EngineStartError
+from sluice.engines.engine_contract import EngineStartError
 
 _SIZE_FORMS = (frozenset({"height", "width"}), frozenset({"shortest_edge"}),
                frozenset({"shortest_edge", "longest_edge"}), frozenset({"max_height", "max_width"}))

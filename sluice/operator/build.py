@@ -8,9 +8,16 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from sluice.codecs.record_codec import RecordCodec
 from sluice.config import REGISTRY_FORMATS, LoadedPipeline, Pipeline
-from sluice.engines import registry
-from sluice.engines.base import BatchEngine, ContinuousEngine, EngineContext, EngineStartError, first_line
+from sluice.engines import engine_types
+from sluice.engines.engine_contract import (
+    BatchEngine,
+    ContinuousEngine,
+    EngineContext,
+    EngineStartError,
+    first_line,
+)
 from sluice.operator.instance import InstanceSlot, NoFreeSlot, claim_slot, instance_name
 from sluice.operator.observer import Observer
 from sluice.operator.ports import Sink, Source
@@ -19,7 +26,6 @@ from sluice.operator.reload.startup import Started, start_identified
 from sluice.operator.runner import Runner
 from sluice.operator.serving import Serving
 from sluice.operator.topics import TopicProblem, check_topics
-from sluice.schemas.codec import RecordCodec
 
 if TYPE_CHECKING:
     from sluice.config import KafkaSource as KafkaSourceConfig
@@ -49,7 +55,7 @@ def _build(loaded: LoadedPipeline, start: Callable[[BatchEngine | ContinuousEngi
            ) -> BatchEngine | ContinuousEngine:
     p = loaded.pipeline
     try:
-        engine_type = registry.lookup(p.engine.type)
+        engine_type = engine_types.lookup(p.engine.type)
     except ImportError as err:
         raise StartError(f"engine '{p.engine.type}' is not installed here ({err}); "
                          f"install it with: pip install 'sluice[{p.engine.type}]'") from None
@@ -125,7 +131,7 @@ def _ports(loaded: LoadedPipeline, plan: FilePlan | None, until_end: bool) -> tu
         if plan is not None:
             dead_letter_line = None
             if p.codec.format == "openai-batch":  # its dead letters are OpenAI's error lines
-                from sluice.schemas import openai_batch
+                from sluice.codecs import openai_batch
 
                 dead_letter_line = openai_batch.error_line
             files = open_files(p, plan, time.monotonic, dead_letter_line)
@@ -225,8 +231,8 @@ def build_reloader(loaded: LoadedPipeline, engine: BatchEngine | ContinuousEngin
 def build_codec(loaded: LoadedPipeline, engine: BatchEngine | ContinuousEngine) -> RecordCodec:
     """The record codec; for avro, protobuf and json_schema, with its schema registry format set up (output
     schemas derived from the engine's result schema and registered). Raises StartError."""
-    from sluice.schemas.formats import build_schema_format
-    from sluice.schemas.schema_format import SchemaSetupError
+    from sluice.codecs.registry_formats import build_schema_format
+    from sluice.codecs.schema_format import SchemaSetupError
 
     p = loaded.pipeline
     try:

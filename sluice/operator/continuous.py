@@ -20,9 +20,9 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from sluice.engines.base import ContinuousEngine
-from sluice.operator.bisection import Failed
+from sluice.engines.engine_contract import ContinuousEngine
 from sluice.operator.emitter import Emitter
+from sluice.operator.failures.bisection import Failed
 from sluice.operator.observer import Observer
 from sluice.operator.record import Pending, TopicPartition
 from sluice.operator.serving import Engine, Serving

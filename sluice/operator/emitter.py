@@ -6,7 +6,7 @@ failed to decode). Delivery reports arrive on the intake thread, the only one th
 The ledger decides what may be produced now (in input order under exactly-once) and, once delivered, which
 offsets the delivery strategy may commit (sluice/operator/delivery/).
 
-Per-record containment (sluice/operator/containment.py) holds here too: whatever fails while one result
+Per-record containment (sluice/operator/failures/containment.py) holds here too: whatever fails while one result
 becomes its output record (encoding, the output key, headers and trace context, the size check) sends
 that record alone to the dead-letter topic; and ``emit`` counts the failures in a row, stopping the
 operator at ``dead_letter.max_consecutive_failures``.
@@ -20,16 +20,16 @@ from typing import Any
 
 from confluent_kafka import KafkaError
 
+from sluice.codecs.record_codec import CodecError, RecordCodec
 from sluice.config import Pipeline
 from sluice.engines.identity import MODEL_HEADER
-from sluice.operator.bisection import Failed
-from sluice.operator.containment import ConsecutiveFailures, error_text
-from sluice.operator.dead_letter import dead_letter, source_headers
+from sluice.operator.failures.bisection import Failed
+from sluice.operator.failures.containment import ConsecutiveFailures, error_text
+from sluice.operator.failures.dead_letter import dead_letter, source_headers
 from sluice.operator.observer import Observer
 from sluice.operator.ports import ProduceFailed, Sink
 from sluice.operator.record import InputRecord, Pending, message_bytes
 from sluice.operator.state import SharedState
-from sluice.schemas.codec import CodecError, RecordCodec
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """The intake: polled records become queued work for the engine thread, or dead letters.
 
 Runs on the intake thread, once per poll. Records enter the operator here, and per-record containment
-(sluice/operator/containment.py) holds for each step that looks at one record's content: its headers and
+(sluice/operator/failures/containment.py) holds for each step that looks at one record's content: its headers and
 trace context (the observer's ``polled``), decoding (sluice/operator/stalls.py, which holds back the
 partitions whose records wait for the schema registry), the engine's ``prepare`` and ``item_length``. Each
 either passes the record on or sends that record alone to the dead-letter topic (through the emitter).
@@ -20,7 +20,13 @@ from __future__ import annotations
 import operator
 from typing import Any
 
-from sluice.engines.base import BatchEngine, ContinuousEngine, EngineError, RecordError, RecordOrigin
+from sluice.engines.engine_contract import (
+    BatchEngine,
+    ContinuousEngine,
+    EngineError,
+    RecordError,
+    RecordOrigin,
+)
 from sluice.operator.emitter import Emitter, Failure
 from sluice.operator.observer import Observer
 from sluice.operator.record import InputRecord, Pending, TopicPartition

@@ -3,7 +3,7 @@
 The one place that builds the operator's parts and hands each what it needs. A record's path, hop by hop,
 one file per hop (docs/architecture.md walks it):
 
-1. ``source.poll`` (sluice/connectors/kafka/source.py, or files/source.py), called by :meth:`Runner.run` below;
+1. ``source.poll`` (sluice/connectors/kafka/kafka_source.py, or files/file_source.py), called by :meth:`Runner.run` below;
 2. :class:`~sluice.operator.intake.Intake`: tracked in the ledger, decoded, prepared, queued in the batcher;
 3. the engine thread (sluice/operator/worker.py, continuous.py) takes a batch and runs the engine;
 4. :class:`~sluice.operator.emitter.Emitter`: each result becomes an output record and is produced;
@@ -26,8 +26,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from sluice.codecs.record_codec import RecordCodec
 from sluice.config import LoadedPipeline
-from sluice.engines.base import BatchEngine, ContinuousEngine
+from sluice.engines.engine_contract import BatchEngine, ContinuousEngine
 from sluice.engines.identity import ModelIdentity
 from sluice.engines.model_source import identify
 from sluice.operator.adaptive import AdaptivePolicy
@@ -48,7 +49,6 @@ from sluice.operator.serving import Engine, Serving
 from sluice.operator.stalls import StallingDecoder, Stalls
 from sluice.operator.state import ForcedStop, RunSummary, SharedState
 from sluice.operator.worker import EngineThread, EngineWorker
-from sluice.schemas.codec import RecordCodec
 
 log = logging.getLogger(__name__)
 

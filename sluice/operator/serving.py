@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sluice.engines.base import BatchEngine, ContinuousEngine
+from sluice.engines.engine_contract import BatchEngine, ContinuousEngine
 from sluice.engines.identity import ModelIdentity
 
 Engine = BatchEngine | ContinuousEngine

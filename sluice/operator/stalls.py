@@ -20,10 +20,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from sluice.codecs.record_codec import CodecError, RecordCodec
+from sluice.codecs.schema_registry import RegistryUnavailable
 from sluice.operator.observer import Observer
 from sluice.operator.record import InputRecord, TopicPartition
-from sluice.schemas.codec import CodecError, RecordCodec
-from sluice.schemas.registry import RegistryUnavailable
 
 log = logging.getLogger(__name__)
 

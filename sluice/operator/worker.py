@@ -20,11 +20,11 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
-from sluice.engines.base import BatchEngine
-from sluice.operator.bisection import Failed, infer_isolating
+from sluice.engines.engine_contract import BatchEngine
 from sluice.operator.emitter import Emitter
+from sluice.operator.failures.bisection import Failed, infer_isolating
+from sluice.operator.failures.oom_governor import BatchSizeGovernor
 from sluice.operator.observer import Observer
-from sluice.operator.oom_governor import BatchSizeGovernor
 from sluice.operator.record import Pending, TopicPartition
 from sluice.operator.serving import Engine, Serving
 from sluice.operator.state import SharedState, Switch

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, TextIO
 
 from sluice.config import Pipeline
 from sluice.operator.observer import Observer
-from sluice.telemetry.errors import TelemetrySetupError
 from sluice.telemetry.otel_env import effective_tracing
+from sluice.telemetry.telemetry_error import TelemetrySetupError
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
@@ -34,7 +34,7 @@ def build_observer(pipeline: Pipeline, *, tracer_provider: TracerProvider | None
         pipeline = pipeline.model_copy(update={"telemetry": cfg})
     if tracer_provider is None and cfg.tracing.exporter == "none" and not cfg.metrics.enabled and cfg.status == "off":
         return Observer()
-    from sluice.telemetry.observer import TelemetryObserver
+    from sluice.telemetry.telemetry_observer import TelemetryObserver
 
     return TelemetryObserver(pipeline, tracer_provider=tracer_provider, status_stream=status_stream)
 

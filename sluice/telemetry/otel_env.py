@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from sluice.config import Tracing
-from sluice.telemetry.errors import TelemetrySetupError
+from sluice.telemetry.telemetry_error import TelemetrySetupError
 
 _PROTOCOLS = {"grpc": "grpc", "http/protobuf": "http"}
 _RATIOS = {"always_on": 1.0, "always_off": 0.0, "parentbased_always_on": 1.0, "parentbased_always_off": 0.0}

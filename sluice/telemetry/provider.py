@@ -17,8 +17,8 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExport
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON
 
 from sluice.config import Tracing
-from sluice.telemetry.errors import TelemetrySetupError
 from sluice.telemetry.otel_env import service_attributes
+from sluice.telemetry.telemetry_error import TelemetrySetupError
 
 log = logging.getLogger(__name__)
 

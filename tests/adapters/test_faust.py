@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from sluice.adapters.faust import Enriched, Enricher, FaustAdapterError
-from sluice.engines.base import BatchEngine
+from sluice.engines.engine_contract import BatchEngine
 
 
 @dataclass

@@ -246,8 +246,8 @@ def test_the_engine_modules_import_without_what_the_gpu_machine_lacks() -> None:
         import importlib.util, sys
         sys.path.insert(0, "bench")
         import gpu_check_common  # installs the guard (SLUICE_GPU_CHECK_GUARD=1)
-        import sluice.engines.llm, sluice.engines.torch, sluice.engines.registry, sluice.models
-        import sluice.engines.llm.kernels.torch_ops, sluice.models.export
+        import sluice.engines.llm, sluice.engines.torch.torch_engine, sluice.engines.engine_types, sluice.model_store
+        import sluice.engines.llm.kernels.torch_ops, sluice.model_store.export
         for name in ("confluent_kafka", "opentelemetry", "platformdirs", "msgspec", "gguf", "jsonschema"):
             assert importlib.util.find_spec(name) is None, name
             try:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from sluice.connectors.files import checkpoint as cp
+from sluice.connectors.files import run_checkpoint as cp
 
 
 def test_a_saved_state_reads_back_the_same_and_says_when_it_is_complete(tmp_path: Path) -> None:

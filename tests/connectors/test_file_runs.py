@@ -16,7 +16,7 @@ import yaml
 from sluice.config import load_pipeline
 from sluice.operator.build import StartError, build_runner
 from sluice.operator.state import RunSummary
-from sluice.telemetry.observer import TelemetryObserver
+from sluice.telemetry.telemetry_observer import TelemetryObserver
 
 
 def pipeline(tmp_path: Path, source: dict[str, Any], sink: dict[str, Any], *, function: str = "tag",

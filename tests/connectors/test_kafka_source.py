@@ -107,7 +107,7 @@ class _FakeConsumer:
 def test_fenced_rejoins_are_bounded_and_only_for_sluices_own_id(monkeypatch: pytest.MonkeyPatch) -> None:
     from confluent_kafka import KafkaError
 
-    from sluice.connectors.kafka import source as source_module
+    from sluice.connectors.kafka import kafka_source as source_module
     from sluice.operator.ports import SourceFailed
 
     monkeypatch.setattr(source_module, "Consumer", _FakeConsumer)

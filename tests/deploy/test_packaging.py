@@ -54,7 +54,7 @@ def test_the_wheel_carries_every_file_of_the_package(built: tuple[Path, Path]) -
         names = set(archive.namelist())
     missing = sorted(_tracked("sluice") - names)
     assert not missing, f"the wheel leaves out {missing}: add them to [tool.setuptools.package-data]"
-    assert "sluice/engines/llm/kernels/native/cpu_ops.h" in names
+    assert "sluice/engines/llm/cpu/native/cpu_ops.h" in names
     entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
     with zipfile.ZipFile(wheel) as archive:
         assert "sluice = sluice.cli:main" in archive.read(entry_points).decode()

@@ -36,11 +36,11 @@ def _models() -> Iterator[tuple[str, type[BaseModel]]]:
     """(YAML path, model) of every section of a pipeline file, engine and task options included: the sections
     the configuration reference walks (``generate._sections``)."""
     from sluice.config import Pipeline
-    from sluice.engines import registry
-    from sluice.engines.tasks import registry as tasks
+    from sluice.engines import engine_types
+    from sluice.engines.tasks import task_types as tasks
 
     roots: list[tuple[str, Any]] = [("", Pipeline)]
-    roots += [(f"engine({name})", registry.lookup(name).options) for name in registry.known_types()]
+    roots += [(f"engine({name})", engine_types.lookup(name).options) for name in engine_types.known_types()]
     roots += [(f"engine.task({name})", tasks.lookup(name).options) for name in tasks.names()]
     for root_path, root in roots:
         yield from generate._sections(root, root_path)

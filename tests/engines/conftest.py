@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from sluice.models import fetch
+from sluice.model_store import fetch
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,4 @@
-"""Denormal floats flushed to zero while an ONNX model runs (sluice/engines/backends/denormals.py).
+"""Denormal floats flushed to zero while an ONNX model runs (sluice/engines/onnx/denormals.py).
 
 Each check runs in a fresh interpreter: a thread inherits its creator's floating-point mode, and onnxruntime
 sets the mode of the thread that creates the process's first session."""
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.skipif(platform.system() != "Linux" or platform.machine
 
 _BLOCK = """
 import json, numpy as np
-from sluice.engines.backends import denormals
+from sluice.engines.onnx import denormals
 tiny = np.float32(1e-39)  # a denormal: below float32's smallest normal number
 seen = {"before": [denormals.thread_flushes(), float(tiny * np.float32(1.0))]}
 with denormals.flushing() as flushed:
@@ -31,9 +31,9 @@ _ENGINE = """
 import json, sys, threading
 import onnx
 from onnx import TensorProto, helper
-from sluice.engines.backends import denormals
-from sluice.engines.base import EngineContext
-from sluice.engines.onnx import ENGINE_TYPE, OnnxOptions
+from sluice.engines.onnx import denormals
+from sluice.engines.engine_contract import EngineContext
+from sluice.engines.onnx.onnx_engine import ENGINE_TYPE, OnnxOptions
 path, flush = sys.argv[1], sys.argv[2] == "on"
 two = helper.make_tensor("two", TensorProto.FLOAT, [], [2.0])
 graph = helper.make_graph([helper.make_node("Mul", ["x", "two"], ["y"])], "double",

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from sluice.engines import registry
-from sluice.engines.base import EngineContext
+from sluice.engines import engine_types
+from sluice.engines.engine_contract import EngineContext
 from sluice.engines.identity import ModelIdentity, model_name, parse_label
 from sluice.engines.model_source import identify
 
@@ -38,15 +38,15 @@ def test_each_engine_type_names_the_model_it_loads(tmp_path: Path) -> None:
     context = EngineContext(max_batch_size=4, pipeline_dir=str(tmp_path))
     for engine, options in (("onnx", {"model": "v2/model.onnx"}), ("torch", {"model": "v2"}),
                             ("tensorrt", {"model": "v2"}), ("python", {"factory": "m:load", "model": "v2"})):
-        kind = registry.lookup(engine)
+        kind = engine_types.lookup(engine)
         source = kind.factory(kind.options(**options), context).model_source()
         assert source.reloadable and source.path is not None and source.path.resolve().is_relative_to(tmp_path / "v2")
         assert source.name == "v2"
-    kind = registry.lookup("python")
+    kind = engine_types.lookup("python")
     source = kind.factory(kind.options(function="tests.integration.funcs:tag"), context).model_source()
     assert not source.reloadable and source.name == "tests.integration.funcs:tag"
     assert source.path is not None and source.path.name == "funcs.py"  # its code is what is hashed
-    kind = registry.lookup("torch")
+    kind = engine_types.lookup("torch")
     source = kind.factory(kind.options(task="raw", factory="tests.integration.funcs:tag", inputs={"x": "x"}),
                           context).model_source()
     assert not source.reloadable and source.path is not None and source.path.name == "funcs.py"
@@ -57,7 +57,7 @@ def test_the_identity_hashes_the_content_and_a_missing_model_its_name(tmp_path: 
     monkeypatch.setenv("SLUICE_CACHE_DIR", str(tmp_path / "cache"))
     (tmp_path / "a.onnx").write_bytes(b"w")
     context = EngineContext(max_batch_size=4, pipeline_dir=str(tmp_path))
-    kind = registry.lookup("onnx")
+    kind = engine_types.lookup("onnx")
     one = identify(kind.factory(kind.options(model="a.onnx"), context).model_source(), "onnx")
     assert one.name == "a" and one.engine == "onnx" and len(one.digest) == 64
     (tmp_path / "b.onnx").write_bytes(b"w")

@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from sluice.engines import registry
-from sluice.engines.base import EngineContext, EngineStartError, RecordError
-from sluice.engines.onnx import ENGINE_TYPE, OnnxEngine, OnnxOptions
-from sluice.engines.tasks.formats import decode_base64_vector
+from sluice.engines import engine_types
+from sluice.engines.engine_contract import EngineContext, EngineStartError, RecordError
+from sluice.engines.onnx.onnx_engine import ENGINE_TYPE, OnnxEngine, OnnxOptions
+from sluice.engines.tasks.vector_formats import decode_base64_vector
 
 _WORDS = ("the quick brown fox jumps over lazy dog battery screen delivery refund great terrible ok "
           "shipping arrived broken works perfectly would buy again não recomendo très bien größe "
@@ -213,10 +213,10 @@ def _cuda_available() -> bool:
 def test_unavailable_gpu_providers_are_skipped_in_one_info_line_without_a_warning(
         minilm_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
     engine = _engine(minilm_dir, providers=["tensorrt", "cuda", "cpu"], warmup=False)  # as the examples list
-    with caplog.at_level(logging.DEBUG, logger="sluice.engines.onnx"):
+    with caplog.at_level(logging.DEBUG, logger="sluice.engines.onnx.onnx_engine"):
         engine.start()
     assert engine.providers_used == ["CPUExecutionProvider"]
-    said = [r for r in caplog.records if r.name == "sluice.engines.onnx"]
+    said = [r for r in caplog.records if r.name == "sluice.engines.onnx.onnx_engine"]
     assert [r.levelno for r in said] == [logging.INFO], caplog.text  # one line, no warning
     assert said[0].getMessage().startswith("onnx engine: runs on CPUExecutionProvider, the first listed one")
     assert "TensorrtExecutionProvider, CUDAExecutionProvider: not in this onnxruntime build" in caplog.text
@@ -266,7 +266,7 @@ def _tiny_model(tmp_path: Path, *, input_name: str, output_name: str, dtype: str
 
 
 def test_the_registry_finds_the_engine_without_importing_onnxruntime() -> None:
-    assert registry.lookup("onnx") is ENGINE_TYPE
-    code = "import sys, sluice.engines.onnx; print('onnxruntime' in sys.modules, 'tokenizers' in sys.modules)"
+    assert engine_types.lookup("onnx") is ENGINE_TYPE
+    code = "import sys, sluice.engines.onnx.onnx_engine; print('onnxruntime' in sys.modules, 'tokenizers' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False"]

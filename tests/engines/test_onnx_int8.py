@@ -17,10 +17,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from sluice.engines.backends.onnx_int8 import int8_model
-from sluice.engines.backends.onnx_int8_graph import weight_qmax
-from sluice.engines.base import EngineContext
-from sluice.engines.onnx import ENGINE_TYPE, OnnxEngine, OnnxOptions
+from sluice.engines.engine_contract import EngineContext
+from sluice.engines.onnx.int8 import int8_model
+from sluice.engines.onnx.int8_graph import weight_qmax
+from sluice.engines.onnx.onnx_engine import ENGINE_TYPE, OnnxEngine, OnnxOptions
 from tests.support.texts import varied_texts
 
 
@@ -120,7 +120,7 @@ def test_the_plan_splits_outlier_channels_off_and_keeps_float32_only_what_that_c
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:  # fmt: skip
     import onnx
 
-    from sluice.engines.backends.onnx_int8_plan import KEEP_FLOAT_SHARE, MAX_OUTLIERS, plan
+    from sluice.engines.onnx.int8_plan import KEEP_FLOAT_SHARE, MAX_OUTLIERS, plan
 
     # one outlier channel: split off, nothing kept float32 (random ids: there is no tokenizer)
     one = plan(_token_model(outlier=1000.0), None)

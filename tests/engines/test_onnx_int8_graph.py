@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from sluice.engines.backends.onnx_int8_graph import candidates, name_nodes, quantize_matmuls, quantize_weight
+from sluice.engines.onnx.int8_graph import candidates, name_nodes, quantize_matmuls, quantize_weight
 
 K = 16
 

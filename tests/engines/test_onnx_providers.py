@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sluice.engines.onnx_providers import fallback_line, full_name, report_providers, with_options
+from sluice.engines.onnx.execution_providers import fallback_line, full_name, report_providers, with_options
 
 
 def test_short_names_expand_and_full_names_pass() -> None:
@@ -65,7 +65,7 @@ def test_a_warning_only_when_no_listed_provider_runs_and_onnxruntime_falls_back_
 
 
 def test_report_providers_logs_the_line_at_its_level(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.DEBUG, logger="sluice.engines.onnx"):
+    with caplog.at_level(logging.DEBUG, logger="sluice.engines.onnx.onnx_engine"):
         report_providers([TRT, CUDA, CPU], CPU_BUILD, [CPU])
         report_providers([CPU], CPU_BUILD, [CPU])
     assert [r.levelname for r in caplog.records] == ["INFO"]

@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from sluice.engines import registry, tensorrt_build
-from sluice.engines.base import EngineContext, EngineStartError
-from sluice.engines.tensorrt import ENGINE_TYPE, TensorrtEngine, TensorrtOptions
-from sluice.engines.tensorrt_plan import (
+from sluice.engines import engine_types
+from sluice.engines.engine_contract import EngineContext, EngineStartError
+from sluice.engines.tensorrt import engine_build
+from sluice.engines.tensorrt.build_plan import (
     GPU_MISSING,
     TENSORRT_MISSING,
     TORCH_MISSING,
@@ -27,6 +27,7 @@ from sluice.engines.tensorrt_plan import (
     missing_requirements,
     shape_profile,
 )
+from sluice.engines.tensorrt.tensorrt_engine import ENGINE_TYPE, TensorrtEngine, TensorrtOptions
 from tests.support.texts import varied_texts
 
 HAS_TENSORRT = importlib.util.find_spec("tensorrt") is not None
@@ -71,8 +72,8 @@ def test_options_reject_cpu_devices_other_tasks_and_misspelt_keys() -> None:
 
 
 def test_the_registry_finds_the_engine_without_importing_tensorrt_or_torch() -> None:
-    assert registry.lookup("tensorrt") is ENGINE_TYPE
-    code = "import sys, sluice.engines.tensorrt; print('tensorrt' in sys.modules, 'torch' in sys.modules)"
+    assert engine_types.lookup("tensorrt") is ENGINE_TYPE
+    code = "import sys, sluice.engines.tensorrt.tensorrt_engine; print('tensorrt' in sys.modules, 'torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False"]
 
@@ -158,18 +159,18 @@ def test_an_engine_is_built_once_then_loaded_from_the_cache(tmp_path: Path) -> N
     trt = _FakeTrt()
     onnx_path = tmp_path / "model.onnx"
     onnx_path.write_bytes(b"model bytes")
-    request = tensorrt_build.BuildRequest(onnx_path=onnx_path, profile=shape_profile(8, 64), fp16=False,
+    request = engine_build.BuildRequest(onnx_path=onnx_path, profile=shape_profile(8, 64), fp16=False,
                                           workspace_bytes=1 << 20, gpu_name="GPU", cache_dir=tmp_path / "cache")
-    first = tensorrt_build.load_or_build(trt, request)
+    first = engine_build.load_or_build(trt, request)
     assert first.built and first.plan_path.is_file() and first.plan_path.name.startswith("model-")
     assert first.engine.plan == repr([((1, 1), (4, 64), (8, 64))]).encode()  # the profile reached the builder
-    second = tensorrt_build.load_or_build(trt, request)
+    second = engine_build.load_or_build(trt, request)
     assert not second.built and second.plan_path == first.plan_path and trt.num_builds == 1
 
     first.plan_path.write_bytes(b"corrupt plan")  # e.g. written by another TensorRT build
-    assert tensorrt_build.load_or_build(trt, request).built and trt.num_builds == 2
+    assert engine_build.load_or_build(trt, request).built and trt.num_builds == 2
     onnx_path.write_bytes(b"new model bytes")  # a new model: a new cache entry
-    third = tensorrt_build.load_or_build(trt, request)
+    third = engine_build.load_or_build(trt, request)
     assert third.built and third.plan_path != first.plan_path
     assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == sorted([first.plan_path.name,
                                                                              third.plan_path.name])
@@ -180,10 +181,10 @@ def test_fp16_without_the_builder_flag_is_a_one_line_error(tmp_path: Path) -> No
     trt.BuilderFlag = SimpleNamespace()  # TensorRT 11 removed the FP16 flag
     onnx_path = tmp_path / "model.onnx"
     onnx_path.write_bytes(b"m")
-    request = tensorrt_build.BuildRequest(onnx_path=onnx_path, profile=shape_profile(8, 64), fp16=True,
+    request = engine_build.BuildRequest(onnx_path=onnx_path, profile=shape_profile(8, 64), fp16=True,
                                           workspace_bytes=1 << 20, gpu_name="GPU", cache_dir=tmp_path)
     with pytest.raises(EngineStartError, match="fp16: true needs TensorRT 10") as caught:
-        tensorrt_build.load_or_build(trt, request)
+        engine_build.load_or_build(trt, request)
     assert "\n" not in str(caught.value)
 
 
@@ -228,10 +229,10 @@ def _fake_hidden(ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
 def _cpu_engine(minilm_dir: Path, io: dict[str, tuple[str, str]], max_batch_size: int = 8) -> tuple[Any, Any]:
     """The engine with its backend bound to a stand-in TensorRT engine on the CPU; (engine, model io)."""
     torch = pytest.importorskip("torch")
-    from sluice.engines import torch_device
     from sluice.engines.backends.arrays import TorchOps
-    from sluice.engines.backends.base import ModelFiles
-    from sluice.engines.tasks.base import TaskContext
+    from sluice.engines.backends.backend_contract import ModelFiles
+    from sluice.engines.tasks.task_contract import TaskContext
+    from sluice.engines.torch import placement
 
     engine = _engine(model="minilm-l6", max_batch_size=max_batch_size, max_length=64)
     fake_trt = SimpleNamespace(TensorIOMode=SimpleNamespace(INPUT="in", OUTPUT="out"),
@@ -242,7 +243,7 @@ def _cpu_engine(minilm_dir: Path, io: dict[str, tuple[str, str]], max_batch_size
     backend = engine.backend
     backend._torch, backend.device = torch, torch.device("cpu")
     model_io = backend.bind_engine(fake_trt, torch, fake_engine)
-    backend._staging = torch_device.HostStaging(torch, backend.device)
+    backend._staging = placement.HostStaging(torch, backend.device)
     backend.ops = TorchOps(torch, backend.device, backend._staging)
     backend.profile = shape_profile(max_batch_size, 64)
     backend.inference = torch.inference_mode  # the CUDA stream context is the one GPU-only part
@@ -291,8 +292,8 @@ def test_a_model_with_other_inputs_or_outputs_fails_at_start(minilm_dir: Path) -
 @requires_tensorrt_gpu
 def test_tensorrt_embeddings_match_the_cpu_reference_and_the_engine_is_cached(minilm_dir: Path,
                                                                                 tmp_path: Path) -> None:
-    from sluice.engines.onnx import ENGINE_TYPE as ONNX_TYPE
-    from sluice.engines.onnx import OnnxOptions
+    from sluice.engines.onnx.onnx_engine import ENGINE_TYPE as ONNX_TYPE
+    from sluice.engines.onnx.onnx_engine import OnnxOptions
 
     reference = ONNX_TYPE.factory(OnnxOptions(model="minilm-l6", providers=["cpu"], warmup=False),
                                   EngineContext(max_batch_size=32))

@@ -15,11 +15,11 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from sluice.engines import registry
-from sluice.engines.base import EngineContext, EngineStartError, RecordError
-from sluice.engines.onnx import ENGINE_TYPE as ONNX_TYPE
-from sluice.engines.onnx import OnnxOptions
-from sluice.engines.torch import ENGINE_TYPE, TorchEngine, TorchOptions
+from sluice.engines import engine_types
+from sluice.engines.engine_contract import EngineContext, EngineStartError, RecordError
+from sluice.engines.onnx.onnx_engine import ENGINE_TYPE as ONNX_TYPE
+from sluice.engines.onnx.onnx_engine import OnnxOptions
+from sluice.engines.torch.torch_engine import ENGINE_TYPE, TorchEngine, TorchOptions
 from tests.support.texts import varied_texts
 
 CUDA = torch.cuda.is_available()
@@ -122,7 +122,7 @@ def test_half_precision_on_a_cpu_warns_and_runs_float32(factory_module: str,
                                                          caplog: pytest.LogCaptureFixture) -> None:
     engine = _engine(factory=f"{factory_module}:build", task="raw", inputs={"x": "x"}, outputs=["y", "s"],
                      device="cpu", dtype="float16")
-    with caplog.at_level(logging.WARNING, logger="sluice.engines.torch"):
+    with caplog.at_level(logging.WARNING, logger="sluice.engines.torch.torch_engine"):
         engine.start()
     assert engine.dtype == torch.float32
     assert "float16 is for CUDA devices" in caplog.text
@@ -249,8 +249,8 @@ def test_options_reject_bad_combinations() -> None:
 
 
 def test_the_registry_finds_the_engine_without_importing_torch() -> None:
-    assert registry.lookup("torch") is ENGINE_TYPE
-    code = "import sys, sluice.engines.torch; print('torch' in sys.modules, 'transformers' in sys.modules)"
+    assert engine_types.lookup("torch") is ENGINE_TYPE
+    code = "import sys, sluice.engines.torch.torch_engine; print('torch' in sys.modules, 'transformers' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False"]
 

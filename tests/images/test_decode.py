@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from PIL import Image, ImageFile, ImageOps
 
-from sluice.engines.base import RecordError
+from sluice.engines.engine_contract import RecordError
 from sluice.images.decode import DecodeLimits, decode_image
 from tests.support.tiny_images import image_bytes, png_bomb
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from sluice.engines.base import RecordError
+from sluice.engines.engine_contract import RecordError
 from sluice.images.fetch import Fetcher, FetchLimits, redact
 
 CAP_BYTES = 4096  # max_bytes of the fetchers here

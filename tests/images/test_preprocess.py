@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from sluice.engines.base import EngineStartError, RecordError
+from sluice.engines.engine_contract import EngineStartError, RecordError
 from sluice.images.decode import DecodeLimits, decode_image
 from sluice.images.preprocess import MAX_RESIZED_PIXELS, ImagePreprocessor
 from tests.support.tiny_images import image_bytes

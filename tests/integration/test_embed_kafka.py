@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import yaml
 
-from sluice.engines.base import EngineContext
-from sluice.engines.onnx import OnnxEngine, OnnxOptions
-from sluice.models import fetch
+from sluice.engines.engine_contract import EngineContext
+from sluice.engines.onnx.onnx_engine import OnnxEngine, OnnxOptions
+from sluice.model_store import fetch
 from tests.integration.pipelines import run_sluice
 from tests.support.kafka import consume_all, create_topic, produce, unique_topic
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sluice.models import fetch
+from sluice.model_store import fetch
 from tests.integration.pipelines import ROOT, run_sluice
 from tests.support.kafka import (
     committed_offsets,

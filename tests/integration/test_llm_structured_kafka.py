@@ -17,7 +17,7 @@ import jsonschema
 import pytest
 import yaml
 
-from sluice.models import fetch
+from sluice.model_store import fetch
 from tests.integration.pipelines import ROOT, run_sluice
 from tests.support.kafka import (
     committed_offsets,

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from sluice.models import fetch
+from sluice.model_store import fetch
 from tests.integration.pipelines import run_sluice
 
 pytestmark = pytest.mark.slow

@@ -25,9 +25,9 @@ from sluice.operator.build import build_runner
 from sluice.operator.observer import Observer
 from sluice.operator.record import TopicPartition
 from sluice.operator.runner import RunSummary
+from tests.codecs.funcs import EMBED_SCHEMA, expected_embedding
+from tests.codecs.reviews_pb2 import EnrichedReview, Review
 from tests.integration.pipelines import ROOT
-from tests.schemas.funcs import EMBED_SCHEMA, expected_embedding
-from tests.schemas.reviews_pb2 import EnrichedReview, Review
 from tests.support.kafka import (
     ConsumedRecord,
     committed_offsets,
@@ -69,13 +69,13 @@ def _pipeline(bootstrap: str, registry_url: str, topic_in: str, topic_out: str, 
                   "schema_registry": {"url": registry_url, "request_timeout_s": 5, "max_outage_s": 120},
                   **extra_codec},
         "batching": {"max_batch_size": 256, "max_queue_delay_ms": 5},
-        "engine": {"type": "python", "function": "tests.schemas.funcs:embed", "result_schema": EMBED_SCHEMA},
+        "engine": {"type": "python", "function": "tests.codecs.funcs:embed", "result_schema": EMBED_SCHEMA},
         "sink": {"kafka": {"topic": topic_out}, "output": {"field": "embedding"}},
         "dead_letter": {"topic": dlq},
         "runtime": {"commit_interval_ms": 200, "drain_timeout_s": 20},
     }
     if fmt == "protobuf":
-        doc["sink"]["output"]["message_type"] = "tests.schemas.reviews_pb2:EnrichedReview"  # type: ignore[index]
+        doc["sink"]["output"]["message_type"] = "tests.codecs.reviews_pb2:EnrichedReview"  # type: ignore[index]
     return parse_pipeline(json.dumps(doc), base_dir=ROOT)
 
 
@@ -196,14 +196,14 @@ def test_protobuf_2000_records(kafka_bootstrap: str, schema_registry_url: str) -
     produce(kafka_bootstrap, topic_in, [(str(m.id).encode(), v) for m, v in zip(inputs, values, strict=True)])
 
     loaded = _pipeline(kafka_bootstrap, schema_registry_url, topic_in, topic_out, dlq, "protobuf",
-                       message_type="tests.schemas.reviews_pb2:Review")
+                       message_type="tests.codecs.reviews_pb2:Review")
     summary = _run(loaded, 2000)
 
     assert summary.error is None and (summary.num_out, summary.num_dead_lettered) == (2000, 0)
     outputs = consume_all(kafka_bootstrap, topic_out, expected_count=2000)
     assert {_schema_id(r.value or b"") for r in outputs} == _registered_ids(client, f"{topic_out}-value")
     # No registry client: Apicurio's ccompat API returns serialized descriptors unencoded (see
-    # sluice/schemas/protobuf.py); the generated class reads the bytes, the framing is confluent-kafka's.
+    # sluice/codecs/protobuf.py); the generated class reads the bytes, the framing is confluent-kafka's.
     reader = ProtobufDeserializer(EnrichedReview, {"use.deprecated.format": False})
     got = _decoded_outputs(outputs, lambda v: reader(v, None))
     for message in inputs:
@@ -317,7 +317,7 @@ def test_avro_in_json_out_with_keys_from_a_field(kafka_bootstrap: str, schema_re
     loaded = _pipeline(kafka_bootstrap, schema_registry_url, topic_in, topic_out, dlq, "avro")
     doc = loaded.pipeline.model_dump(mode="json")
     doc["sink"]["output"].update({"format": "json", "key": "field:id"})
-    doc["engine"] = {"type": "python", "function": "tests.schemas.funcs:embed"}  # no result schema needed
+    doc["engine"] = {"type": "python", "function": "tests.codecs.funcs:embed"}  # no result schema needed
     summary = _run(parse_pipeline(json.dumps(doc), base_dir=ROOT), 50)
 
     assert summary.error is None and (summary.num_out, summary.num_dead_lettered) == (50, 0)

@@ -7,8 +7,8 @@ from collections.abc import Sequence
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sluice.operator.bisection import Failed, infer_isolating
-from sluice.operator.oom_governor import BatchSizeGovernor, is_out_of_memory
+from sluice.operator.failures.bisection import Failed, infer_isolating
+from sluice.operator.failures.oom_governor import BatchSizeGovernor, is_out_of_memory
 
 
 class PoisonEngine:

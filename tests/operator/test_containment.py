@@ -15,8 +15,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sluice.engines.base import BatchEngine, ContinuousEngine, RecordError
-from sluice.operator.containment import ConsecutiveFailures, error_text
+from sluice.engines.engine_contract import BatchEngine, ContinuousEngine, RecordError
+from sluice.operator.failures.containment import ConsecutiveFailures, error_text
 from sluice.operator.observer import Observer
 from sluice.operator.record import InputRecord
 from tests.operator.memory import MemorySink, Produced, pipeline, run

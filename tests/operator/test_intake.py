@@ -14,7 +14,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from sluice.engines.base import BatchEngine, RecordError
+from sluice.engines.engine_contract import BatchEngine, RecordError
 from sluice.operator.intake import MIN_CHUNK
 from tests.operator.memory import run
 

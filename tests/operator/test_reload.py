@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from sluice.config.engine import Reload
-from sluice.engines.base import BatchEngine, ContinuousEngine, EngineStartError
+from sluice.engines.engine_contract import BatchEngine, ContinuousEngine, EngineStartError
 from sluice.engines.identity import MODEL_HEADER, ModelSource
 from sluice.engines.model_source import identify
 from sluice.operator.observer import Observer

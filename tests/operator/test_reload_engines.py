@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from sluice.engines.identity import MODEL_HEADER, parse_label
-from sluice.models.digest import content_digest
+from sluice.model_store.digest import content_digest
 from sluice.operator.build import build_reloader, start_engine
 from sluice.operator.observer import Observer
 from sluice.operator.reload.outcome import ReloadOutcome
@@ -156,7 +156,7 @@ def _one_torch_thread() -> Any:
 @pytest.mark.slow
 @pytest.mark.usefixtures("_one_torch_thread")
 def test_an_llm_swapped_mid_stream_finishes_what_it_started_and_each_answer_is_its_models(tmp_path: Path) -> None:
-    from sluice.engines.base import EngineContext
+    from sluice.engines.engine_contract import EngineContext
     from sluice.engines.llm.operator_engine import LLMEngine, LLMOptions
     from tests.support.tiny_llms import save_tiny_model
 

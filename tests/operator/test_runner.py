@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from sluice.engines.base import BatchEngine, ContinuousEngine
+from sluice.engines.engine_contract import BatchEngine, ContinuousEngine
 from sluice.operator.runner import Runner, RunSummary
 from tests.operator.memory import EventLog, ManualClock, MemorySink, MemorySource, abortable, pipeline
 

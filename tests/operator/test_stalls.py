@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from sluice.codecs.record_codec import CodecError
+from sluice.codecs.schema_registry import RegistryUnavailable
 from sluice.operator.observer import Observer
 from sluice.operator.record import InputRecord, TopicPartition
 from sluice.operator.stalls import StallingDecoder, Stalls
-from sluice.schemas.codec import CodecError
-from sluice.schemas.registry import RegistryUnavailable
 
 A, B = TopicPartition("t", 0), TopicPartition("t", 1)
 

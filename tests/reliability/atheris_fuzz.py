@@ -10,7 +10,7 @@ The properties checked on every input:
 
 * codec: ``decode`` raises nothing but CodecError; what it decodes, ``encode`` encodes or refuses with a
   CodecError; and for every input msgspec decodes, the non-recursive depth scan equals the depth of the
-  decoded value (a differential check of sluice/schemas/depth.py);
+  decoded value (a differential check of sluice/codecs/depth.py);
 * config: ``parse_pipeline`` returns or raises ConfigError -- nothing else -- within a second, with at
   most 21 short lines.
 
@@ -46,9 +46,9 @@ _TEMPLATES = (b"%s", b'{"text": %s}', b'{"text": "a", "x": %s}', b'{"text": "%s"
 def check_codec(data: bytes) -> None:
     import msgspec
 
+    from sluice.codecs.depth import nesting_depth
+    from sluice.codecs.record_codec import CodecError, RecordCodec
     from sluice.config import Codec, Output
-    from sluice.schemas.codec import CodecError, RecordCodec
-    from sluice.schemas.depth import nesting_depth
     from tests.support.json_depth import depth_of
 
     if data:  # the first byte picks the template
@@ -95,10 +95,10 @@ def main() -> None:
     sys.path.insert(0, str(HERE.parents[1]))  # this checkout's sluice, not whichever one is installed
 
     with atheris.instrument_imports():  # sluice, and the Python parts of PyYAML and pydantic it imports
+        import sluice.codecs.depth  # noqa: F401
+        import sluice.codecs.record_codec  # noqa: F401
         import sluice.config  # noqa: F401
         import sluice.config.yaml_file  # noqa: F401
-        import sluice.schemas.codec  # noqa: F401
-        import sluice.schemas.depth  # noqa: F401
     check = check_codec if args.target == "codec" else check_config
     out = REGRESSIONS / args.target
     out.mkdir(parents=True, exist_ok=True)

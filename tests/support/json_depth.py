@@ -1,5 +1,5 @@
 """The nesting depth of a decoded JSON value, walked with an explicit stack: the reference that the
-codec's non-recursive scan of the raw text (sluice/schemas/depth.py) is compared against."""
+codec's non-recursive scan of the raw text (sluice/codecs/depth.py) is compared against."""
 
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from sluice.models.fetch import default_cache_dir
+from sluice.model_store.download import default_cache_dir
 
 _MARKER = ".sluice-ready"
 

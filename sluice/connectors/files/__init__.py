@@ -24,12 +24,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sluice.config import Pipeline
-from sluice.connectors.files.checkpoint import Checkpoint
 from sluice.connectors.files.dead_letters import DeadLetterLine, json_line
+from sluice.connectors.files.file_sink import FileSink
+from sluice.connectors.files.file_source import FileSource
 from sluice.connectors.files.plan import FilePlan, FileSetupError, plan_files
+from sluice.connectors.files.run_checkpoint import Checkpoint
 from sluice.connectors.files.run_lock import RunLock, RunLocked
-from sluice.connectors.files.sink import FileSink
-from sluice.connectors.files.source import FileSource
 from sluice.connectors.files.writers import JsonLinesWriter, ParquetPartsWriter
 
 __all__ = ["FilePlan", "FilePorts", "FileSetupError", "FileSink", "FileSource", "open_files", "plan_files"]

@@ -1,6 +1,6 @@
 """Dead letters as JSON lines, beside the output: what failed, where the record came from, and the record.
 
-The operator makes one dead-letter record per failed input (sluice/operator/dead_letter.py: the input's
+The operator makes one dead-letter record per failed input (sluice/operator/failures/dead_letter.py: the input's
 bytes plus ``sluice.error.*`` headers); the file sink turns it into one line of the dead-letter file::
 
     {"error": {"stage": "decode", "class": "CodecError", "message": "..."},
@@ -10,7 +10,7 @@ bytes plus ``sluice.error.*`` headers); the file sink turns it into one line of 
 ``row`` counts from 0 (for JSON lines, the line number minus one); ``record`` is the input as JSON when it
 is JSON (a Parquet row always is), else its text. From a Kafka source, ``source`` names the topic,
 partition and offset instead. A pipeline with ``codec.format: openai-batch`` writes OpenAI's error lines
-here instead (sluice/schemas/openai_batch.py), as OpenAI's batch API writes its error file.
+here instead (sluice/codecs/openai_batch.py), as OpenAI's batch API writes its error file.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 import msgspec
 
-from sluice.operator.dead_letter import error_headers
+from sluice.operator.failures.dead_letter import error_headers
 from sluice.operator.record import Headers
 
 DeadLetterLine = Callable[[bytes | None, Headers], bytes]  # (the input's value, its headers) -> one line

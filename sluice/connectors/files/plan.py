@@ -29,10 +29,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import sluice.connectors.files.checkpoint as cp
+import sluice.connectors.files.run_checkpoint as cp
 from sluice.config import Pipeline
 from sluice.config.files import FileFormat, default_checkpoint_path
-from sluice.connectors.files.source import InputFile
+from sluice.connectors.files.file_source import InputFile
 from sluice.operator.record import TopicPartition
 
 

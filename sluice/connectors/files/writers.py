@@ -26,7 +26,7 @@ from typing import Any
 
 import msgspec
 
-from sluice.connectors.files.checkpoint import fsync_dir
+from sluice.connectors.files.run_checkpoint import fsync_dir
 
 log = logging.getLogger(__name__)
 

@@ -3,8 +3,8 @@ exactly-once), the security settings both take, and the admin lookups the sink m
 
 from __future__ import annotations
 
+from sluice.connectors.kafka.kafka_sink import KafkaSink
+from sluice.connectors.kafka.kafka_source import KafkaSource
 from sluice.connectors.kafka.security import security_config, tls_files
-from sluice.connectors.kafka.sink import KafkaSink
-from sluice.connectors.kafka.source import KafkaSource
 
 __all__ = ["KafkaSink", "KafkaSource", "security_config", "tls_files"]

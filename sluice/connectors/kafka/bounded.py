@@ -18,7 +18,7 @@ from confluent_kafka import KafkaException
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 
 from sluice.connectors.kafka.end_offsets import EndOffsets
-from sluice.connectors.kafka.source import KafkaSource
+from sluice.connectors.kafka.kafka_source import KafkaSource
 from sluice.operator.ports import PartitionsCallback, SourceFailed
 from sluice.operator.record import InputRecord, TopicPartition, names
 

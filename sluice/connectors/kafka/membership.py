@@ -3,7 +3,7 @@
 A static member that goes away without leaving its group (a crash, ``kill -9``, a node lost) stays in it
 until ``session.timeout.ms``; a process joining under the same id in that time gets the partitions back at
 once, without a rebalance -- that is a restart under this id. A first start, a start after the session
-timed out, or one after a graceful stop (Sluice's own leaves the group: sluice/connectors/kafka/source.py)
+timed out, or one after a graceful stop (Sluice's own leaves the group: sluice/connectors/kafka/kafka_source.py)
 finds no such member, and gets its partitions by a rebalance like any new member.
 
 Guarantees: :func:`static_member_present` asks once, within ``timeout_s``; it answers True only when the

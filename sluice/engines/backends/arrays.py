@@ -50,7 +50,7 @@ class TorchOps(ArrayOps):
         self.xp = torch
         self._torch = torch
         self._device = device
-        self._staging = staging  # sluice.engines.torch_device.HostStaging
+        self._staging = staging  # sluice.engines.torch.placement.HostStaging
 
     def to_host(self, array: Any) -> np.ndarray:
         if not isinstance(array, self._torch.Tensor):

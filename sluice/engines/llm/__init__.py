@@ -25,12 +25,14 @@ from typing import TYPE_CHECKING, Any
 from sluice.engines.llm.config import EngineConfig, ModelConfig
 
 if TYPE_CHECKING:
-    from sluice.engines.llm.engine import LLM, EngineStats, RequestOutput
-    from sluice.engines.llm.request import RequestStatus, SamplingParams
+    from sluice.engines.llm.core.output import RequestOutput
+    from sluice.engines.llm.core.request import RequestStatus, SamplingParams
+    from sluice.engines.llm.llm_engine import LLM, EngineStats
     from sluice.engines.llm.structured import GrammarError, StructuredOutput
 
-_LAZY = {"LLM": "engine", "EngineStats": "engine", "RequestOutput": "engine", "RequestStatus": "request",
-         "SamplingParams": "request", "GrammarError": "structured", "StructuredOutput": "structured"}
+_LAZY = {"LLM": "llm_engine", "EngineStats": "llm_engine", "RequestOutput": "core.output",
+         "RequestStatus": "core.request", "SamplingParams": "core.request", "GrammarError": "structured",
+         "StructuredOutput": "structured"}
 
 __all__ = ["LLM", "EngineConfig", "EngineStats", "GrammarError", "ModelConfig", "RequestOutput", "RequestStatus",
            "SamplingParams", "StructuredOutput"]

@@ -229,7 +229,7 @@ class EngineConfig:
     seed: int = 0  # seeds requests that sample without their own seed
     # True: a request's tokens and log-probs never depend on the requests it shares a step with, on prompt
     # chunking, prefix-cache hits, speculation or the thread count (docs/llm.md: what is reproduced). False
-    # lets each CPU matmul call's row count pick its kernel (layers/row_invariant.py) and the Triton attention
+    # lets each CPU matmul call's row count pick its kernel (model/layers/row_invariant.py) and the Triton attention
     # pick its tile from the batch: no faster on the CPUs measured (bench/results/llm_batch_invariance.md),
     # kept for GPUs, where the tile choice has not been timed yet.
     deterministic: bool = True

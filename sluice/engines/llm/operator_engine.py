@@ -33,14 +33,20 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sluice.engines.base import ContinuousEngine, EngineContext, EngineStartError, RecordError, RecordOrigin
 from sluice.engines.chat import ChatRequest
+from sluice.engines.engine_contract import (
+    ContinuousEngine,
+    EngineContext,
+    EngineStartError,
+    RecordError,
+    RecordOrigin,
+)
+from sluice.engines.engine_types import EngineType
 from sluice.engines.identity import ModelSource
-from sluice.engines.llm.chat import chat_result, chat_settings
+from sluice.engines.llm.chat_requests import chat_result, chat_settings
 from sluice.engines.llm.operator_options import LLMOptions
 from sluice.engines.llm.structured.options import OVERRIDE_KINDS, AnswerChecker, record_spec
 from sluice.engines.model_source import disk_source
-from sluice.engines.registry import EngineType
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +125,7 @@ class LLMEngine(ContinuousEngine):
 
     def check_model(self) -> None:
         """The checkpoint read as ``start`` reads it before its weights (``checkpoint.py``), refused alike."""
-        from sluice.engines.llm.checkpoint import read_model_checkpoint
+        from sluice.engines.llm.loading.checkpoint import read_model_checkpoint
 
         try:
             read_model_checkpoint(self.options.model, self.context.pipeline_dir)

@@ -17,7 +17,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from sluice.engines.llm.config import DTypeName, EngineConfig, WeightMode
-from sluice.engines.llm.record_seed import SeedFrom
+from sluice.engines.llm.core.record_seed import SeedFrom
 from sluice.engines.llm.structured.options import OVERRIDE_KINDS, StructuredOutputOptions
 
 _ENGINE = EngineConfig()  # the engine's defaults

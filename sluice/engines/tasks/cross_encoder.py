@@ -21,15 +21,15 @@ import numpy as np
 from pydantic import Field, model_validator
 
 from sluice.engines.backends.arrays import ArrayOps
-from sluice.engines.backends.base import ModelClass
-from sluice.engines.base import EngineStartError
-from sluice.engines.tasks.base import ModelRun, TaskContext, TaskOptions, TaskType
+from sluice.engines.backends.backend_contract import ModelClass
+from sluice.engines.engine_contract import EngineStartError
 from sluice.engines.tasks.heads import require_architecture, sigmoid, softmax
 from sluice.engines.tasks.model_config import (
     ModelConfig,
     read_json,
     sentence_bert_config,
 )
+from sluice.engines.tasks.task_contract import ModelRun, TaskContext, TaskOptions, TaskType
 from sluice.engines.tasks.text_inputs import TextInputs, pair_fields
 from sluice.engines.tasks.text_task import TextTask
 

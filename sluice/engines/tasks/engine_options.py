@@ -2,7 +2,7 @@
 
 ``engine: {type: onnx, model: ..., task: text-classification, top_k: 3, providers: [cpu]}`` -- ``top_k`` is
 the task's, ``providers`` the backend's. Every task's fields are declared here (merged by
-:func:`sluice.engines.tasks.registry.task_fields`), so a misspelt or misplaced key is an error with its YAML
+:func:`sluice.engines.tasks.task_types.task_fields`), so a misspelt or misplaced key is an error with its YAML
 path; a field of another task is an error naming the task it belongs to.
 """
 
@@ -12,8 +12,8 @@ from typing import Any, ClassVar
 
 from pydantic import PrivateAttr, ValidationInfo, field_validator, model_validator
 
-from sluice.engines.tasks import registry as tasks
-from sluice.engines.tasks.base import TaskOptions
+from sluice.engines.tasks import task_types as tasks
+from sluice.engines.tasks.task_contract import TaskOptions
 
 
 class EngineTaskOptions(tasks.task_fields()):  # type: ignore[misc]  # a class made from the task registry

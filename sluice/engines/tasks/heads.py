@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from sluice.engines.backends.base import ModelClass, ModelIO
-from sluice.engines.base import EngineStartError
+from sluice.engines.backends.backend_contract import ModelClass, ModelIO
+from sluice.engines.engine_contract import EngineStartError
 from sluice.engines.tasks.model_config import ModelConfig
 
 

@@ -19,8 +19,7 @@ import numpy as np
 from pydantic import Field
 
 from sluice.engines.backends.arrays import ArrayOps
-from sluice.engines.backends.base import ModelClass, ModelIO
-from sluice.engines.tasks.base import ModelRun, Task, TaskContext, TaskOptions, TaskType
+from sluice.engines.backends.backend_contract import ModelClass, ModelIO
 from sluice.engines.tasks.heads import check_num_labels, logits_output, ranked, require_head
 from sluice.engines.tasks.image_inputs import (
     ImageInputs,
@@ -30,6 +29,7 @@ from sluice.engines.tasks.image_inputs import (
     raise_first_failure,
 )
 from sluice.engines.tasks.model_config import read_model_config
+from sluice.engines.tasks.task_contract import ModelRun, Task, TaskContext, TaskOptions, TaskType
 from sluice.engines.tasks.text_classification import ScoreFunction, apply_function, default_function
 
 PIPELINE_TOP_K = 5  # pipeline("image-classification")'s default

@@ -29,7 +29,7 @@ from typing import Any, Literal, get_args
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from sluice.engines.base import EngineStartError, RecordError
+from sluice.engines.engine_contract import EngineStartError, RecordError
 from sluice.images.decode import DecodeLimits, decode_image
 from sluice.images.fetch import Fetcher, FetchLimits
 from sluice.images.preprocess import ImagePreprocessor

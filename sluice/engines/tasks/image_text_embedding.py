@@ -27,10 +27,8 @@ import numpy as np
 from pydantic import Field, model_validator
 
 from sluice.engines.backends.arrays import ArrayOps
-from sluice.engines.backends.base import ModelClass, ModelIO
-from sluice.engines.base import EngineStartError, RecordError
-from sluice.engines.tasks.base import ModelRun, Task, TaskContext, TaskOptions, TaskType
-from sluice.engines.tasks.formats import OutputFormat, format_vectors, l2_normalize
+from sluice.engines.backends.backend_contract import ModelClass, ModelIO
+from sluice.engines.engine_contract import EngineStartError, RecordError
 from sluice.engines.tasks.image_inputs import (
     ImageInputs,
     ImageItem,
@@ -39,10 +37,12 @@ from sluice.engines.tasks.image_inputs import (
     raise_first_failure,
 )
 from sluice.engines.tasks.model_config import read_model_config, read_tokenizer_config
-from sluice.engines.tasks.record import as_text, lookup
+from sluice.engines.tasks.record_fields import as_text, lookup
+from sluice.engines.tasks.task_contract import ModelRun, Task, TaskContext, TaskOptions, TaskType
 from sluice.engines.tasks.text_inputs import TokenizedText, pad_batch
 from sluice.engines.tasks.tokenizer import TextTokenizer
-from sluice.engines.vision_models import pads_to_full_length, text_inputs
+from sluice.engines.tasks.vector_formats import OutputFormat, format_vectors, l2_normalize
+from sluice.engines.torch.vision_graphs import pads_to_full_length, text_inputs
 
 _FIELDS = ("image", "text")
 

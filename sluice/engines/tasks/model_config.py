@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sluice.engines.base import EngineStartError
+from sluice.engines.engine_contract import EngineStartError
 
 # transformers' tokenizer_config.json writes 1e30 for "no limit"
 _NO_LIMIT = 10**18

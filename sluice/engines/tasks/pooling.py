@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from sluice.engines.backends.arrays import ArrayOps
-from sluice.engines.base import EngineStartError
+from sluice.engines.engine_contract import EngineStartError
 from sluice.engines.tasks.model_config import read_json
 
 POOLING_MODES = ("mean", "cls", "max", "last-token", "weighted-mean", "mean-sqrt-len")

@@ -17,11 +17,11 @@ import numpy as np
 from pydantic import Field, model_validator
 
 from sluice.engines.backends.arrays import ArrayOps
-from sluice.engines.backends.base import ModelClass, ModelIO
-from sluice.engines.base import EngineStartError, RecordError
-from sluice.engines.tasks.base import ModelRun, Task, TaskContext, TaskOptions, TaskType
-from sluice.engines.tasks.formats import OutputFormat, format_array
-from sluice.engines.tasks.record import lookup
+from sluice.engines.backends.backend_contract import ModelClass, ModelIO
+from sluice.engines.engine_contract import EngineStartError, RecordError
+from sluice.engines.tasks.record_fields import lookup
+from sluice.engines.tasks.task_contract import ModelRun, Task, TaskContext, TaskOptions, TaskType
+from sluice.engines.tasks.vector_formats import OutputFormat, format_array
 
 
 class RawOptions(TaskOptions):

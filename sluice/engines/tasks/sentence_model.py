@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from sluice.engines.base import EngineStartError, first_line
+from sluice.engines.engine_contract import EngineStartError, first_line
 from sluice.engines.tasks.model_config import read_json
 from sluice.engines.tasks.pooling import PoolingSpec, read_pooling_config
 

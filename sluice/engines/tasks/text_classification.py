@@ -20,12 +20,12 @@ import numpy as np
 from pydantic import Field, model_validator
 
 from sluice.engines.backends.arrays import ArrayOps
-from sluice.engines.backends.base import ModelClass
-from sluice.engines.tasks.base import ModelRun, TaskContext, TaskOptions, TaskType
+from sluice.engines.backends.backend_contract import ModelClass
 from sluice.engines.tasks.heads import ranked, sigmoid, softmax
 from sluice.engines.tasks.model_config import (
     ModelConfig,
 )
+from sluice.engines.tasks.task_contract import ModelRun, TaskContext, TaskOptions, TaskType
 from sluice.engines.tasks.text_inputs import TextInputs, pair_fields
 from sluice.engines.tasks.text_task import TextTask
 

@@ -25,14 +25,14 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from sluice.engines.backends.arrays import ArrayOps
-from sluice.engines.backends.base import ModelClass, ModelIO
-from sluice.engines.base import EngineStartError
-from sluice.engines.tasks.base import ModelRun, TaskContext, TaskOptions, TaskType
-from sluice.engines.tasks.formats import OutputFormat, format_vectors, l2_normalize
+from sluice.engines.backends.backend_contract import ModelClass, ModelIO
+from sluice.engines.engine_contract import EngineStartError
 from sluice.engines.tasks.pooling import pool
 from sluice.engines.tasks.sentence_model import Dense, SentenceModel, read_sentence_model, transformer_dir
+from sluice.engines.tasks.task_contract import ModelRun, TaskContext, TaskOptions, TaskType
 from sluice.engines.tasks.text_inputs import TextInputs, TokenizedText
 from sluice.engines.tasks.text_task import TextTask
+from sluice.engines.tasks.vector_formats import OutputFormat, format_vectors, l2_normalize
 
 PoolingName = Literal["mean", "cls", "max", "last-token", "weighted-mean", "mean-sqrt-len"]
 TOKEN_OUTPUTS = ("last_hidden_state", "token_embeddings")  # (batch, tokens, dim): pooled here

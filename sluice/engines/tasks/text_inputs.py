@@ -18,9 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from sluice.engines.backends.base import ModelIO
-from sluice.engines.base import EngineStartError, RecordError
-from sluice.engines.tasks.record import as_text, lookup
+from sluice.engines.backends.backend_contract import ModelIO
+from sluice.engines.engine_contract import EngineStartError, RecordError
+from sluice.engines.tasks.record_fields import as_text, lookup
 from sluice.engines.tasks.tokenizer import TextTokenizer
 
 TEXT_INPUTS = ("input_ids", "attention_mask", "token_type_ids")

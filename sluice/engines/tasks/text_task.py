@@ -10,10 +10,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
-from sluice.engines.backends.base import ModelIO
-from sluice.engines.tasks.base import ModelRun, Task, TaskContext
+from sluice.engines.backends.backend_contract import ModelIO
 from sluice.engines.tasks.heads import check_num_labels, logits_output, require_head
 from sluice.engines.tasks.model_config import default_max_length, read_model_config, read_tokenizer_config
+from sluice.engines.tasks.task_contract import ModelRun, Task, TaskContext
 from sluice.engines.tasks.text_inputs import TextInputs
 from sluice.engines.tasks.tokenizer import TextTokenizer
 

@@ -18,9 +18,9 @@ from typing import Any
 from pydantic import Field
 
 from sluice.engines.backends.arrays import ArrayOps
-from sluice.engines.backends.base import ModelClass
-from sluice.engines.tasks.base import ModelRun, TaskContext, TaskOptions, TaskType
+from sluice.engines.backends.backend_contract import ModelClass
 from sluice.engines.tasks.heads import softmax
+from sluice.engines.tasks.task_contract import ModelRun, TaskContext, TaskOptions, TaskType
 from sluice.engines.tasks.text_inputs import TextInputs, TokenizedText
 from sluice.engines.tasks.text_task import TextTask
 from sluice.engines.tasks.token_aggregation import Strategy, TokenSpan, aggregate, token_spans

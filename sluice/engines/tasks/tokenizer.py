@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from sluice.engines.base import EngineStartError, first_line
+from sluice.engines.engine_contract import EngineStartError, first_line
 from sluice.engines.tasks.model_config import ModelConfig, TokenizerConfig
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from sluice.operator.delivery.at_least_once import AtLeastOnce
-from sluice.operator.delivery.base import Delivery, Outcome
+from sluice.operator.delivery.strategy import Delivery, Outcome
 from sluice.operator.delivery.transactional import Transactional
 
 # pipeline ``delivery`` -> its strategy

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 
-from sluice.operator.delivery.base import Delivery, Outcome
+from sluice.operator.delivery.strategy import Delivery, Outcome
 from sluice.operator.record import TopicPartition
 
 log = logging.getLogger(__name__)

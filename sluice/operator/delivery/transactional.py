@@ -31,7 +31,7 @@ from collections.abc import Callable
 from confluent_kafka import KafkaError, KafkaException
 
 from sluice.config import Pipeline
-from sluice.operator.delivery.base import Delivery, Outcome
+from sluice.operator.delivery.strategy import Delivery, Outcome
 from sluice.operator.ports import Sink, Source
 from sluice.operator.record import TopicPartition, names
 from sluice.operator.state import SharedState

@@ -32,9 +32,9 @@ from pathlib import Path
 from typing import Any
 
 from sluice.config.engine import Reload
-from sluice.engines.base import first_line
+from sluice.engines.engine_contract import first_line
 from sluice.engines.identity import ModelIdentity, ModelSource
-from sluice.models.digest import content_digest, fingerprint, size_bytes
+from sluice.model_store.digest import content_digest, fingerprint, size_bytes
 from sluice.operator.observer import Observer
 from sluice.operator.reload.memory import Footprint, measure_start, room_for
 from sluice.operator.reload.outcome import ReloadOutcome, Stage

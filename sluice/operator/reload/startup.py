@@ -2,7 +2,7 @@
 
 The model is hashed on a thread of its own while the engine loads it (both read the same files: the
 second read comes from the page cache), so a multi-GB model's first start costs about the longer of the
-two, not their sum; later starts find the digest cached (sluice/models/digest.py).
+two, not their sum; later starts find the digest cached (sluice/model_store/digest.py).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 
 from sluice.engines.identity import ModelIdentity, ModelSource
 from sluice.engines.model_source import identify
-from sluice.models.digest import fingerprint, size_bytes
+from sluice.model_store.digest import fingerprint, size_bytes
 from sluice.operator.reload.memory import Footprint, measure_start
 from sluice.operator.serving import Engine
 
@@ -31,7 +31,7 @@ class Started:
     identity: ModelIdentity
     footprint: Footprint
     warmup_s: float  # the start: load and warm-up
-    fingerprint: Any  # of the model's files before it loaded (sluice/models/digest.py)
+    fingerprint: Any  # of the model's files before it loaded (sluice/model_store/digest.py)
 
 
 def start_identified(engine: Engine, start: Callable[[], None], engine_type: str, name: str | None) -> Started:

@@ -1,6 +1,6 @@
 """When has the model on disk changed, and finished changing? Pure: fingerprints and times are given.
 
-The reloader polls the model path's fingerprint (:func:`sluice.models.digest.fingerprint`: a few ``stat``
+The reloader polls the model path's fingerprint (:func:`sluice.model_store.digest.fingerprint`: a few ``stat``
 calls) every ``poll_interval_s`` and asks :class:`ChangeWatcher` whether to load what is there now.
 
 Guarantees:
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-Fingerprint = Any  # sluice.models.digest.Fingerprint, or anything comparable (tests use strings)
+Fingerprint = Any  # sluice.model_store.digest.Fingerprint, or anything comparable (tests use strings)
 
 
 class ChangeWatcher:

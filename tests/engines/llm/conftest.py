@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from sluice.engines.llm.attention import AttentionMetadata, plan_cpu_attention
-from sluice.engines.llm.model import LlamaModel
+from sluice.engines.llm.model.attention import AttentionMetadata, plan_cpu_attention
+from sluice.engines.llm.model.causal_lm import LlamaModel
 from tests.support.llama_cpp import convert_many
 from tests.support.tiny_llms import FAMILIES, save_tiny_model
 
@@ -37,6 +37,16 @@ def _one_torch_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture
+def needs_native_int4() -> None:
+    """Skips the test where the native int4 kernel does not run (a CPU without AVX512-BF16). A fixture, not
+    a collection-time mark: asking builds the native kernels, which must not happen while collecting."""
+    from sluice.engines.llm.cpu import native_cpu
+
+    if not native_cpu.int4_matmul_usable():
+        pytest.skip("the native int4 kernel needs a CPU with AVX512-BF16 (elsewhere torch's kernel runs)")
 
 
 def _save_char_tokenizer(path: Path) -> None:
@@ -151,7 +161,7 @@ def hf_greedy(tiny_family_dir: Callable[..., Path]) -> Callable[..., list[list[i
 @pytest.fixture(scope="session")
 def smollm2_gguf() -> Path:
     """Path of SmolLM2-135M-Instruct Q4_1 GGUF, fetched into the model cache on first use."""
-    from sluice.models import fetch
+    from sluice.model_store import fetch
 
     return next(iter(sorted(Path(fetch("smollm2-135m")).glob("*.gguf"))))
 

@@ -22,8 +22,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sluice.engines.llm import LLM, SamplingParams
-from sluice.engines.llm.kernels import native_cpu
-from sluice.engines.llm.model_runner import DENSE_PROMPTS_ENV
+from sluice.engines.llm.cpu import native_cpu
+from sluice.engines.llm.model.model_runner import DENSE_PROMPTS_ENV
 from sluice.engines.llm.random_models import save_random_model
 
 Answer = tuple[list[int], list[float]]

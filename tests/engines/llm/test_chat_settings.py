@@ -8,9 +8,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from sluice.engines.base import RecordError
 from sluice.engines.chat import ChatRequest, ChatResult
-from sluice.engines.llm.chat import chat_result, chat_settings
+from sluice.engines.engine_contract import RecordError
+from sluice.engines.llm.chat_requests import chat_result, chat_settings
 
 PIPELINE = {"max_tokens": 64, "temperature": 0.0, "top_p": 1.0, "top_k": 0, "seed": None, "stop": ("###",),
             "ignore_eos": False, "structured_output": None}

@@ -22,10 +22,10 @@ from dataclasses import dataclass
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from sluice.engines.llm.kv_cache import KVCacheManager
-from sluice.engines.llm.request import Request, RequestStatus, SamplingParams
-from sluice.engines.llm.scheduler import Scheduler, SchedulerOutput
-from sluice.engines.llm.speculation import Drafter, accept_drafts
+from sluice.engines.llm.core.kv_cache import KVCacheManager
+from sluice.engines.llm.core.request import Request, RequestStatus, SamplingParams
+from sluice.engines.llm.core.scheduler import Scheduler, SchedulerOutput
+from sluice.engines.llm.core.speculation import Drafter, accept_drafts
 
 VOCAB = 7  # small, so that prompts share prefixes and generated text repeats
 STOP_TOKEN = 0

@@ -123,12 +123,12 @@ def test_too_long_prompt_is_a_clear_error(tiny: Path) -> None:
 def test_a_max_model_len_above_the_model_context_is_lowered_with_a_warning(
     tiny: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    with caplog.at_level("WARNING", logger="sluice.engines.llm.engine"):
+    with caplog.at_level("WARNING", logger="sluice.engines.llm.llm_engine"):
         llm = LLM(tiny, max_model_len=4096)  # the tiny Llama's context is 512
     assert llm.max_model_len == 512
     assert "max_model_len 4096 is more than the model's context of 512 tokens; using 512" in caplog.text
     caplog.clear()
-    with caplog.at_level("WARNING", logger="sluice.engines.llm.engine"):
+    with caplog.at_level("WARNING", logger="sluice.engines.llm.llm_engine"):
         assert LLM(tiny, max_model_len=128).max_model_len == 128
     assert "max_model_len" not in caplog.text
 

@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 from sluice.engines.llm import LLM, SamplingParams
-from sluice.engines.llm.weights import load_weights
+from sluice.engines.llm.loading.weights import load_weights
 from tests.engines.llm.conftest import FAMILY_NEW_TOKENS, GGUF_FAMILIES, family_prompts
 from tests.support.tiny_llms import FAMILIES
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sluice.engines.llm.gguf_file import GGUFFile
+from sluice.engines.llm.loading.gguf_file import GGUFFile
 
 
 @pytest.mark.slow

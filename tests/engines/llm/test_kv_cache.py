@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from sluice.engines.llm.kv_cache import KVCacheManager, hash_block
-from sluice.engines.llm.request import Request
+from sluice.engines.llm.core.kv_cache import KVCacheManager, hash_block
+from sluice.engines.llm.core.request import Request
 
 BS = 4  # small blocks keep the prompts readable
 

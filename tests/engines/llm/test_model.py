@@ -8,14 +8,14 @@ import numpy as np
 import pytest
 import torch
 
-from sluice.engines.llm.attention import (
+from sluice.engines.llm.kernels import reference
+from sluice.engines.llm.loading.weights import unpermute_rotary_rows
+from sluice.engines.llm.model.attention import (
     AttentionMetadata,
     AttentionParams,
     plan_cpu_attention,
     store_and_attend,
 )
-from sluice.engines.llm.kernels import reference
-from sluice.engines.llm.weights import unpermute_rotary_rows
 
 # (new tokens, KV length after the step): decodes, a whole prompt, prompt chunks over cached context,
 # and short multi-token queries (speculative verifies: batched together, padded to the longest)
@@ -87,7 +87,7 @@ TEXTS = [
 def test_gguf_tokenizer_and_chat_template_match_hf(smollm2_gguf: Path) -> None:
     from transformers import AutoTokenizer
 
-    from sluice.engines.llm.tokenizer import ChatTokenizer, IncrementalDetokenizer
+    from sluice.engines.llm.loading.chat_tokenizer import ChatTokenizer, IncrementalDetokenizer
 
     ours = ChatTokenizer.from_path(smollm2_gguf)
     hf = AutoTokenizer.from_pretrained(smollm2_gguf.parent, gguf_file=smollm2_gguf.name)

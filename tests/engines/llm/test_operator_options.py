@@ -63,7 +63,7 @@ def test_a_value_the_engine_refuses_fails_validation_at_its_yaml_path(option: st
 def test_a_relative_model_path_is_found_beside_the_pipeline_file(
     tiny_llama_dir: Callable[[bool], Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from sluice.engines.base import EngineContext, EngineStartError
+    from sluice.engines.engine_contract import EngineContext, EngineStartError
     from sluice.engines.llm import SamplingParams
     from sluice.engines.llm.operator_engine import LLMEngine, Prompt
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from sluice.engines.llm import LLM, SamplingParams
-from sluice.engines.llm.model import LlamaModel
+from sluice.engines.llm.model.causal_lm import LlamaModel
 
 NUM_NEW_TOKENS = 32
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from sluice.engines.llm import LLM
-from sluice.engines.llm.model import LlamaModel
+from sluice.engines.llm.model.causal_lm import LlamaModel
 from sluice.engines.llm.random_models import PRESETS, save_random_model
 
 

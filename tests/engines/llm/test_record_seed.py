@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from sluice.engines.base import RecordOrigin
+from sluice.engines.engine_contract import RecordOrigin
+from sluice.engines.llm.core.record_seed import SeedFrom
 from sluice.engines.llm.operator_options import LLMOptions
-from sluice.engines.llm.record_seed import SeedFrom
 
 AT_5 = RecordOrigin("reviews", 1, 5, b"user-7")
 AT_6 = RecordOrigin("reviews", 1, 6, b"user-7")

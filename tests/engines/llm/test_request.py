@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sluice.engines.llm.request import InvalidTransitionError, Request, RequestStatus, SamplingParams
+from sluice.engines.llm.core.request import InvalidTransitionError, Request, RequestStatus, SamplingParams
 
 S = RequestStatus
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from sluice.engines.llm import LLM, RequestStatus, SamplingParams
-from sluice.engines.llm.model import LlamaModel
-from sluice.engines.llm.sampling import Sampler, SamplingRow, argmax_rows
+from sluice.engines.llm.model.causal_lm import LlamaModel
+from sluice.engines.llm.model.sampling import Sampler, SamplingRow, argmax_rows
 
 
 @pytest.fixture(scope="module")

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from sluice.engines.llm.kv_cache import KVCacheManager
-from sluice.engines.llm.request import Request, RequestStatus, SamplingParams
-from sluice.engines.llm.scheduler import Scheduler, SchedulerOutput
+from sluice.engines.llm.core.kv_cache import KVCacheManager
+from sluice.engines.llm.core.request import Request, RequestStatus, SamplingParams
+from sluice.engines.llm.core.scheduler import Scheduler, SchedulerOutput
 
 S = RequestStatus
 
@@ -269,7 +269,7 @@ def test_long_prompts_are_salted_at_admission_and_share_only_with_each_other() -
 
 
 def test_drafts_never_cross_recompute_past_len() -> None:
-    from sluice.engines.llm.speculation import Drafter
+    from sluice.engines.llm.core.speculation import Drafter
 
     scheduler = make(block_size=4, recompute_past_len=10, drafter=Drafter(4, adaptive=False))
     r = Request("r", [1, 7, 3, 4, 5, 6], SamplingParams(max_tokens=8))  # the model's 7 recurs: drafts 3, 4, 5, 6

@@ -19,15 +19,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sluice.engines.llm import LLM, RequestOutput, SamplingParams
-from sluice.engines.llm.request import Request
-from sluice.engines.llm.sampling import Sampler, SamplingRow
-from sluice.engines.llm.speculation import (
+from sluice.engines.llm.core.request import Request
+from sluice.engines.llm.core.speculation import (
     Draft,
     Drafter,
     StepCostModel,
     accept_drafts,
     propose_ngram_drafts,
 )
+from sluice.engines.llm.model.sampling import Sampler, SamplingRow
 
 # ---- the n-gram drafter --------------------------------------------------------------------------------
 
@@ -277,7 +277,7 @@ def test_greedy_outputs_are_identical_with_speculation_smollm2(smollm2_gguf: Pat
 def test_pipeline_options_turn_speculation_on_and_report_acceptance(tiny: Path) -> None:
     from pydantic import ValidationError
 
-    from sluice.engines.base import EngineContext
+    from sluice.engines.engine_contract import EngineContext
     from sluice.engines.llm.operator_engine import LLMEngine, LLMOptions, Prompt
 
     with pytest.raises(ValidationError, match="speculative_ngram_min"):

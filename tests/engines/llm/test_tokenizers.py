@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from sluice.engines.llm.gguf_file import GGUFFile
-from sluice.engines.llm.tokenizer import ChatTokenizer
+from sluice.engines.llm.loading.chat_tokenizer import ChatTokenizer
+from sluice.engines.llm.loading.gguf_file import GGUFFile
 from tests.support.llama_cpp import convert_many
 from tests.support.real_tokenizers import tokenizer_files
 from tests.support.texts import varied_texts

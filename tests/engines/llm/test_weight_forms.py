@@ -20,7 +20,7 @@ import torch
 
 from sluice.engines.llm import LLM, SamplingParams
 from sluice.engines.llm.config import EngineConfig
-from sluice.engines.llm.layers.quantized import QuantizedEmbedding, QuantizedLinear, RescoredHead
+from sluice.engines.llm.model.layers.quantized import QuantizedEmbedding, QuantizedLinear, RescoredHead
 from sluice.engines.llm.quant.gguf_rows import GGUFRows
 from sluice.engines.llm.quant.packed import DenseWeight, Int4Weight, Int8Weight
 from tests.engines.llm.conftest import family_prompts
@@ -110,13 +110,13 @@ def test_auto_keeps_a_quantised_gguf_s_experts_packed(family: str, kind: str, tm
     runs), and the model agrees with the same file dequantised. Only the experts are quantised here: with
     packed attention too, bf16 rounding moves a router's near-ties to other experts and the log-probs by
     whole units (0.8-0.9 on these models) without any packing error; the experts alone move them by 0.08."""
-    from sluice.engines.llm.layers.moe import PackedStacked, Router
+    from sluice.engines.llm.model.layers.moe import PackedStacked, Router
 
     keep = {part: "F32" for part in ("attn", "token_embd", "output", "ffn_gate_inp")}
     path = requantize(tiny_family_gguf(family), tmp_path / f"{family}-{kind}.gguf", kind, keep)
     # each expert's rows read from the file are the gguf package's dequantisation of the whole stack
-    from sluice.engines.llm.gguf_file import GGUFFile
-    from sluice.engines.llm.weights import load_weights
+    from sluice.engines.llm.loading.gguf_file import GGUFFile
+    from sluice.engines.llm.loading.weights import load_weights
 
     file = {t.name: torch.from_numpy(t.to_float32().copy()) for t in GGUFFile(path).tensors if t.name.startswith("blk.1.")}
     tensors = load_weights(path)[1]
@@ -198,8 +198,8 @@ def test_weights_option_is_checked() -> None:
 
 
 def test_packed_weights_are_refused_off_the_cpu(tiny_llama_dir: Callable[[bool], Path]) -> None:
-    from sluice.engines.llm.model import CausalLM
-    from sluice.engines.llm.weights import load_weights
+    from sluice.engines.llm.loading.weights import load_weights
+    from sluice.engines.llm.model.causal_lm import CausalLM
 
     cfg, tensors = load_weights(tiny_llama_dir(False))
     with pytest.raises(ValueError, match="weights: int4 packs weights for the CPU"):

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from sluice.engines import registry
-from sluice.engines.base import EngineContext
+from sluice.engines import engine_types
+from sluice.engines.engine_contract import EngineContext
 from tests.support.texts import varied_texts
 from tests.support.tiny_models import NER_LABELS, save_cross_encoder, save_embedding_model, save_model
 
@@ -68,7 +68,7 @@ def make_engine(export_cache: Path) -> Callable[..., Any]:
     """``make_engine(kind, **options)``: a started onnx / torch engine (CPU) for the task in ``options``."""
 
     def make(kind: str, *, max_batch_size: int = 16, **options: Any) -> Any:
-        engine_type = registry.lookup(kind)
+        engine_type = engine_types.lookup(kind)
         backend = ({"providers": ["cpu"], "intra_op_num_threads": 2, "export_cache_dir": str(export_cache)}
                    if kind == "onnx" else {"device": "cpu"})
         engine = engine_type.factory(engine_type.options(**backend, **options), EngineContext(max_batch_size))

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sluice.engines.base import RecordError
+from sluice.engines.engine_contract import RecordError
 from sluice.engines.tasks.image_inputs import ImageInputs, ImageItem, ImageOptions
 from tests.support.tiny_images import image_bytes, picture
 

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from sluice.engines.base import RecordError
+from sluice.engines.engine_contract import RecordError
 from tests.support.task_runs import cosines, infer_one_by_one
 from tests.support.tiny_images import image_files, save_clip, save_siglip, save_vit_classifier
 

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from sluice.engines.backends.arrays import NUMPY_OPS, TorchOps
-from sluice.engines.base import EngineStartError
+from sluice.engines.engine_contract import EngineStartError
 from sluice.engines.tasks.pooling import POOLING_MODES, PoolingSpec, pool, read_pooling_config
-from sluice.engines.torch_device import HostStaging
+from sluice.engines.torch.placement import HostStaging
 
 ST_NAMES = {"mean": "mean", "cls": "cls", "max": "max", "last-token": "lasttoken", "weighted-mean": "weightedmean",
             "mean-sqrt-len": "mean_sqrt_len_tokens"}

@@ -10,7 +10,7 @@ from typing import Any
 import jsonschema
 import pytest
 
-from sluice.schemas.result_types import avro_type
+from sluice.codecs.result_types import avro_type
 
 TEXTS = ["Arrived quickly and works exactly as described.", "Paul Smith flew from Berlin to Lisbon.", "",
          "Le colis est arrivé cassé 😞"]

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from sluice.config import ConfigError, parse_pipeline
-from sluice.engines.base import EngineStartError, RecordError
-from sluice.engines.tasks import registry
+from sluice.engines.engine_contract import EngineStartError, RecordError
+from sluice.engines.tasks import task_types
 
 PIPELINE = """\
 source:
@@ -67,11 +67,11 @@ def test_a_task_gets_its_own_options_with_its_defaults() -> None:
 
 
 def test_every_task_is_registered_with_a_model_class() -> None:
-    assert registry.names() == ["text-embedding", "text-classification", "token-classification", "cross-encoder",
+    assert task_types.names() == ["text-embedding", "text-classification", "token-classification", "cross-encoder",
                                 "image-classification", "image-text-embedding", "raw"]
-    assert registry.text_task_names() == registry.names()[:4]
-    assert registry.exportable_task_names() == registry.names()[:-1]
-    assert {registry.lookup(name).model_class.value for name in registry.names()} == {
+    assert task_types.text_task_names() == task_types.names()[:4]
+    assert task_types.exportable_task_names() == task_types.names()[:-1]
+    assert {task_types.lookup(name).model_class.value for name in task_types.names()} == {
         "encoder", "sequence-classification", "token-classification", "image-classification", "image-text", "any"}
 
 

@@ -236,13 +236,13 @@ def _gpu_backends() -> list[Any]:
 def test_every_text_task_on_the_gpu_equals_the_cpu(kind: str, device_options: dict[str, Any], model: str,
                                                    options: dict[str, Any], tiny: dict[str, Path],
                                                    make_engine: Callable[..., Any], tmp_path: Path) -> None:
-    from sluice.engines import registry
-    from sluice.engines.base import EngineContext
+    from sluice.engines import engine_types
+    from sluice.engines.engine_contract import EngineContext
 
     values: list[Any] = ([{"q": a, "p": b} for a, b in zip(TEXTS, TEXTS[3:] + TEXTS[:3], strict=True)]
                          if options.get("task") == "cross-encoder" else TEXTS)
     want = infer_one_by_one(make_engine("torch", model=str(tiny[model]), **options), values)
-    engine_type = registry.lookup(kind)
+    engine_type = engine_types.lookup(kind)
     extra = {"engine_cache_dir": str(tmp_path), "export_cache_dir": str(tmp_path)} if kind == "tensorrt" else {}
     engine = engine_type.factory(engine_type.options(model=str(tiny[model]), **device_options, **extra, **options),
                                  EngineContext(max_batch_size=16))

@@ -12,9 +12,9 @@ Guarantees:
   in float32, then to nearest bf16), accumulated in float32 by the GEMM, returned in bf16. The int4 kernel
   uses the unrounded float32 weight, so the two differ by about one bf16 rounding of each weight (relative
   ~2**-9), well inside int4's own error -- but they differ, which is why the engine routes rows by what
-  they are (prompt positions) and never by how many share a step (``layers/quantized.py``).
+  they are (prompt positions) and never by how many share a step (``model/layers/quantized.py``).
 * A row's result does not depend on the other rows of the call: the rows are padded to a multiple of four
-  (``layers/row_invariant.py``: oneDNN's GEMM sums a single row in another order), and the slicing depends
+  (``model/layers/row_invariant.py``: oneDNN's GEMM sums a single row in another order), and the slicing depends
   on the weight's shape only.
 * Memory: one scratch slice of at most ``SLICE_BYTES`` (plus a 64-row tile) per thread that calls it, kept
   for reuse -- a fresh buffer per call would pay its page faults every time.
@@ -26,8 +26,8 @@ import threading
 
 import torch
 
-from sluice.engines.llm.kernels import native_cpu
-from sluice.engines.llm.layers.row_invariant import padded_rows
+from sluice.engines.llm.cpu import native_cpu
+from sluice.engines.llm.model.layers.row_invariant import padded_rows
 from sluice.engines.llm.quant.packed import COMPUTE_DTYPE, Int4Weight
 
 SLICE_BYTES = 8 << 20  # bf16 scratch per slice: rows of the weight dequantised at a time

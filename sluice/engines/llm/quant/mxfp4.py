@@ -7,7 +7,7 @@ and ``<proj>_scales`` ``(experts, out, groups)`` bytes, a power-of-two exponent 
 ``(experts, in, out)``, as transformers' ``convert_moe_packed_tensors`` does. Dequantised at load: the
 CPU and Triton kernels take float experts (kept packed is left for later).
 
-:func:`gpt_oss_experts` then brings gpt-oss's experts (MXFP4 or float) to the layout of ``layers/moe.py``:
+:func:`gpt_oss_experts` then brings gpt-oss's experts (MXFP4 or float) to the layout of ``model/layers/moe.py``:
 ``gate_up_proj`` ``(experts, 2 * width, hidden)`` with the gate rows first (gpt-oss interleaves gate and up
 columns: even = gate, odd = up), ``down_proj`` ``(experts, hidden, width)``, biases de-interleaved alike,
 the router under ``mlp.gate`` and the attention sinks under ``self_attn.sinks.weight``.
@@ -45,7 +45,7 @@ def _deinterleave(t: torch.Tensor) -> torch.Tensor:
 
 
 def gpt_oss_experts(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """gpt-oss's router and expert tensors (model names, the decoder prefix stripped) in ``layers/moe.py``'s
+    """gpt-oss's router and expert tensors (model names, the decoder prefix stripped) in ``model/layers/moe.py``'s
     layout; every other tensor as it is."""
     parts: dict[tuple[str, str], dict[str, torch.Tensor]] = {}
     for name in list(tensors):

@@ -7,7 +7,7 @@ Every :class:`PackedWeight` stands for a matrix ``W`` ``(out_features, in_featur
   fast only with bf16 activations -- with float32 or float16 ones torch falls back to scalar loops many
   times slower -- so ``x`` goes in as bf16 and the result (accumulated in fp32 inside the kernel) comes out rounded
   to bf16. Int4 weights use Sluice's own kernel on the same layout where it is built (a CPU with AVX512-BF16:
-  ``kernels/native/int4_matmul.cpp``, faster: ``bench/int4_matmul.py``), with the same bf16 activations and output. That rounding (8 significant bits) is the price of these modes against ``weights: fp32``. The
+  ``cpu/native/int4_matmul.cpp``, faster: ``bench/int4_matmul.py``), with the same bf16 activations and output. That rounding (8 significant bits) is the price of these modes against ``weights: fp32``. The
   result stays bf16: the next matmul takes it as it is, and torch's type promotion lifts it into a float32
   residual stream without a separate conversion.
 * ``rows(ids)``: rows of ``W`` as float32, for embeddings that share the LM head's matrix.
@@ -36,8 +36,8 @@ from typing import Protocol
 
 import torch
 
-from sluice.engines.llm.kernels import native_cpu
-from sluice.engines.llm.layers.row_invariant import row_invariant_rows
+from sluice.engines.llm.cpu import native_cpu
+from sluice.engines.llm.model.layers.row_invariant import row_invariant_rows
 from sluice.engines.llm.quant.gguf_blocks import GROUP, affine_int4
 from sluice.engines.llm.quant.gguf_rows import GGUFRows
 
@@ -88,7 +88,7 @@ class DenseWeight:
     def __init__(self, weight: torch.Tensor) -> None:
         self.weight = weight  # (N, K) bf16
         self.out_features, self.in_features = self.weight.shape
-        self.row_invariant = False  # set by layers/row_invariant.py: rows padded as that module says
+        self.row_invariant = False  # set by model/layers/row_invariant.py: rows padded as that module says
 
     @classmethod
     def convert(cls, source: torch.Tensor | GGUFRows) -> DenseWeight:
@@ -219,7 +219,7 @@ class Int4Weight:
         return cls(packed, scale_zero, num_rows)
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        if native_cpu.int4_matmul_usable():  # the same layout, faster (kernels/native/int4_matmul.cpp)
+        if native_cpu.int4_matmul_usable():  # the same layout, faster (cpu/native/int4_matmul.cpp)
             y = native_cpu.int4_matmul(_to_compute(x).contiguous(), self.packed, self.scale_zero)
         else:
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(_to_compute(x), self.packed, GROUP, self.pairs())

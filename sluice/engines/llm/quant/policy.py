@@ -13,7 +13,7 @@
   tensors (F32 / F16 files, HF checkpoints) stay float32; a GGUF's quantised embedding table keeps its raw
   rows, dequantised as they are looked up (exact, and as compact as the file). A GGUF's quantised LM head
   is int4 whatever its type (repacked from Q4, else quantised from its values), and its packed logits are
-  rescored: the best 32 candidates of each row recomputed from the file's own rows (``layers/quantized.py``:
+  rescored: the best 32 candidates of each row recomputed from the file's own rows (``model/layers/quantized.py``:
   ``RescoredHead``), which keeps greedy picks and the top of the distribution those of the dequantised head
   (sampling beyond the 32 best reads the packed logits). The packed pass mostly ranks the vocabulary, so
   int4 costs little there (symmetric, without zero points, where quantised from values), and the head is

@@ -11,7 +11,7 @@ Life of a request with ``structured_output``::
 While one request waits for its grammar the others keep stepping: nothing here blocks except
 :meth:`wait`, which the engine calls only when there is nothing else to compute.
 
-Drafts (speculative decoding): the manager is the Drafter's :class:`~sluice.engines.llm.speculation.
+Drafts (speculative decoding): the manager is the Drafter's :class:`~sluice.engines.llm.core.speculation.
 DraftConstraint`. Drafts are checked against the grammar when proposed, so a step only verifies drafts the
 grammar allows; the mask of the row after draft ``j`` is filled from the matcher advanced over drafts
 ``0..j-1`` and rolled back (inside the backend's batch call). A matcher only ever consumes the tokens a
@@ -24,33 +24,16 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future
 from concurrent.futures import wait as wait_futures
-from dataclasses import dataclass
 
 import torch
 
-from sluice.engines.base import first_line
-from sluice.engines.llm.request import Request
-from sluice.engines.llm.scheduler_output import ScheduledRequest
+from sluice.engines.engine_contract import first_line
+from sluice.engines.llm.core.output import StructuredStats
+from sluice.engines.llm.core.request import Request
+from sluice.engines.llm.core.scheduler_output import ScheduledRequest
 from sluice.engines.llm.structured.backend import BitmaskRow, GrammarBackend, GrammarError, GrammarMatcher
 from sluice.engines.llm.structured.bitmask import TokenBitmask
 from sluice.engines.llm.structured.compiler import Compiled, GrammarCompiler
-
-
-@dataclass(frozen=True, slots=True)
-class StructuredStats:
-    num_requests: int  # constrained requests added
-    num_waiting: int  # of those, waiting for their grammar now
-    num_grammars_compiled: int  # distinct constraints compiled (failures included)
-    num_grammar_cache_hits: int  # requests whose grammar was already compiled or compiling
-    num_grammar_errors: int  # constraints that failed to compile
-    grammar_compile_s: float  # seconds spent compiling, on the compile thread
-    mask_fill_s: float  # seconds the engine thread spent filling bitmasks
-    num_mask_steps: int  # steps that filled at least one mask
-    num_masked_rows: int  # bitmask rows filled (a request verifying k drafts fills k + 1)
-
-    @property
-    def mask_fill_ms_per_step(self) -> float:
-        return 1000.0 * self.mask_fill_s / self.num_mask_steps if self.num_mask_steps else 0.0
 
 
 class StructuredOutputManager:

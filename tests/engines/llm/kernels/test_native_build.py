@@ -1,4 +1,4 @@
-"""How processes share one build of the native CPU kernels (sluice/engines/llm/kernels/native_build.py).
+"""How processes share one build of the native CPU kernels (sluice/engines/llm/cpu/native_build.py).
 
 The compiler is replaced by a fake that takes a set time and writes a file, and importing by a stub, so the
 protocol -- who builds, who waits and says on whom, when a waiter gives up, what a failure leaves behind --
@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from torch.utils import cpp_extension
 
-from sluice.engines.llm.kernels import native_build, native_key
+from sluice.engines.llm.cpu import native_build, native_key
 
 
 class FakeCompiler:

@@ -14,13 +14,14 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sluice.engines.llm.attention import (
+from sluice.engines.llm.cpu import native_cpu
+from sluice.engines.llm.kernels import reference
+from sluice.engines.llm.model.attention import (
     AttentionMetadata,
     AttentionParams,
     plan_cpu_attention,
     store_and_attend,
 )
-from sluice.engines.llm.kernels import native_cpu, reference
 
 
 def test_the_kernel_builds_on_this_machine() -> None:
@@ -149,7 +150,7 @@ def test_rms_norm_equals_torch_to_float_rounding(shape: tuple[int, ...]) -> None
 
 
 def test_the_llama_norm_module_runs_the_native_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
-    from sluice.engines.llm.layers.norm import RMSNorm
+    from sluice.engines.llm.model.layers.norm import RMSNorm
 
     norm = RMSNorm(64, 1e-6)
     calls: list[int] = []
@@ -169,7 +170,7 @@ def test_the_llama_norm_module_runs_the_native_kernel(monkeypatch: pytest.Monkey
 @pytest.mark.parametrize(("heads", "head_dim", "rotary_dim"), [(12, 64, 64), (3, 128, 64), (1, 96, 32)])
 def test_rotary_is_torchs_bit_for_bit_in_float32_and_bf16(heads: int, head_dim: int,
                                                                          rotary_dim: int) -> None:
-    from sluice.engines.llm.layers import rotary as rotary_layer
+    from sluice.engines.llm.model.layers import rotary as rotary_layer
 
     gen = torch.Generator().manual_seed(5)
     n = 7

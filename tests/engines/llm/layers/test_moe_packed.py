@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from sluice.engines.llm.config import ModelConfig
-from sluice.engines.llm.layers.moe import PackedStacked, SparseMoE, pack_experts
+from sluice.engines.llm.model.layers.moe import PackedStacked, SparseMoE, pack_experts
 from sluice.engines.llm.quant.packed import DenseWeight, Int4Weight, Int8Weight, PackedWeight
 
 FORMS = {"int4": Int4Weight.quantize, "int8": Int8Weight.quantize, "bf16": DenseWeight.convert}

@@ -1,4 +1,4 @@
-"""The native layer stack of decode-only steps (``layers/native_layers.py``, ``native/decode_layers.cpp``).
+"""The native layer stack of decode-only steps (``cpu/native_layers.py``, ``engines/llm/cpu/native/decode_layers.cpp``).
 
 Its promise is to be the module path, only sooner: the same greedy tokens and the same log-probabilities bit
 for bit, with the stack on and off (``SLUICE_NATIVE_LAYERS=0``), on the real SmolLM2 and on tiny models of
@@ -15,12 +15,9 @@ import pytest
 import torch
 
 from sluice.engines.llm import LLM, SamplingParams
-from sluice.engines.llm.kernels import native_cpu
-from sluice.engines.llm.layers import native_layers
+from sluice.engines.llm.cpu import native_cpu, native_layers
 
-pytestmark = pytest.mark.skipif(
-    not native_cpu.int4_matmul_usable(), reason="the native int4 kernel needs a CPU with AVX512-BF16"
-)
+pytestmark = pytest.mark.usefixtures("needs_native_int4")
 KV = 32 << 20
 
 

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 import torch
 
-from sluice.engines.llm.layers.rotary import apply_rotary, rope_tables
-from sluice.engines.llm.models.common import hf_rope
+from sluice.engines.llm.model.families.common import hf_rope
+from sluice.engines.llm.model.layers.rotary import apply_rotary, rope_tables
 
 MAX_LEN = 96
 HEAD_DIM = 16

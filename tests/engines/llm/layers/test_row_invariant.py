@@ -1,4 +1,4 @@
-"""Dense matmuls give a row the same bits whatever else is in the call (``layers/row_invariant.py``).
+"""Dense matmuls give a row the same bits whatever else is in the call (``model/layers/row_invariant.py``).
 
 Each layer is applied to a block of rows once (the reference), then to every run of 1..40 of those rows,
 starting at several offsets, on 1 to 4 threads: each row must come out bit-identical to its reference. The
@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch import nn
 
-from sluice.engines.llm.layers.row_invariant import RowInvariantLinear, make_row_invariant, padded_rows
+from sluice.engines.llm.model.layers.row_invariant import RowInvariantLinear, make_row_invariant, padded_rows
 from sluice.engines.llm.quant.packed import DenseWeight
 
 Layer = Callable[[torch.Tensor], torch.Tensor]
@@ -86,7 +86,7 @@ def test_padding_is_a_multiple_of_four() -> None:
 
 
 def test_a_rescored_head_scores_each_row_alone() -> None:
-    from sluice.engines.llm.layers.quantized import RescoredHead
+    from sluice.engines.llm.model.layers.quantized import RescoredHead
 
     class Rows:  # the exact head's rows, as GGUFRows.gather gives them
         shape = (4096, 576)

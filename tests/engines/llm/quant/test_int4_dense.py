@@ -16,9 +16,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sluice.engines.llm import LLM, SamplingParams
-from sluice.engines.llm.kernels import int4_layout, native_cpu
-from sluice.engines.llm.layers.quantized import QuantizedLinear, RowSplit, dense_rows
-from sluice.engines.llm.model_runner import DENSE_PROMPTS_ENV
+from sluice.engines.llm.cpu import int4_layout, native_cpu
+from sluice.engines.llm.model.layers.quantized import QuantizedLinear, RowSplit, dense_rows
+from sluice.engines.llm.model.model_runner import DENSE_PROMPTS_ENV
 from sluice.engines.llm.quant import int4_dense
 from sluice.engines.llm.quant.gguf_blocks import GROUP
 from sluice.engines.llm.quant.packed import Int4Weight

@@ -1,4 +1,4 @@
-"""The native int4 matmul (``kernels/native/int4_matmul.cpp``): what ``Int4Weight.matmul`` runs for decode rows,
+"""The native int4 matmul (``cpu/native/int4_matmul.cpp``): what ``Int4Weight.matmul`` runs for decode rows,
 drafts and the LM head on CPUs with AVX512-BF16.
 
 The reference is independent of the packed layout: the weight rebuilt in float64 from the ``q``, scales and
@@ -14,14 +14,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sluice.engines.llm.kernels import native_cpu
+from sluice.engines.llm.cpu import native_cpu
 from sluice.engines.llm.quant.gguf_blocks import GROUP
 from sluice.engines.llm.quant.packed import SCALES_ONLY_ENV, Int4Weight
 
-pytestmark = pytest.mark.skipif(
-    not native_cpu.int4_matmul_usable(),
-    reason="the int4 matmul's vector path needs a CPU with AVX512-BF16 (elsewhere torch's kernel runs)",
-)
+pytestmark = pytest.mark.usefixtures("needs_native_int4")
 
 
 def _weight(rows: int, cols: int, seed: int) -> tuple[Int4Weight, torch.Tensor]:

@@ -12,8 +12,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from sluice.engines.llm import LLM, SamplingParams
-from sluice.engines.llm.gguf_file import GGUFFile
-from sluice.engines.llm.layers.moe import PackedStacked
+from sluice.engines.llm.loading.gguf_file import GGUFFile
+from sluice.engines.llm.model.layers.moe import PackedStacked
 from sluice.engines.llm.quant.mxfp4 import dequantize_mxfp4
 from sluice.engines.llm.quant.packed import Int8Weight
 from tests.support.llama_cpp import convert
@@ -74,7 +74,7 @@ def test_a_checkpoint_with_mxfp4_experts_equals_hf_on_its_float_weights(
     gguf = convert(mxfp4_dir, tmp_path / "gpt-oss-mxfp4.gguf")
     assert any(t.tensor_type == MXFP4 for t in GGUFFile(gguf).tensors)
     for path in (mxfp4_dir, gguf):  # fp32: the GGUF's MXFP4 experts dequantised, not packed as auto does
-        with caplog.at_level("WARNING", logger="sluice.engines.llm.model"):
+        with caplog.at_level("WARNING", logger="sluice.engines.llm.model.causal_lm"):
             llm = LLM(path, enable_prefix_caching=False, weights="fp32")
         outputs = llm.generate(prompts, SamplingParams(max_tokens=16, ignore_eos=True))
         assert [o.token_ids for o in outputs] == expected, path.name

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sluice.engines.llm.kernels import native_cpu
+from sluice.engines.llm.cpu import native_cpu
 from sluice.engines.llm.quant import packed
 from sluice.engines.llm.quant.gguf_blocks import GROUP
 from sluice.engines.llm.quant.packed import DenseWeight, Int4Weight, Int8Weight

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from sluice.engines.llm.loading.chat_tokenizer import ChatTokenizer
 from sluice.engines.llm.structured.backend import TokenTable
 from sluice.engines.llm.structured.token_table import token_table
-from sluice.engines.llm.tokenizer import ChatTokenizer
 
 
 @pytest.fixture(scope="session")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sluice.engines.llm.request import Request
-from sluice.engines.llm.speculation import FORCED_NGRAM_LEN, Drafter
+from sluice.engines.llm.core.request import Request
+from sluice.engines.llm.core.speculation import FORCED_NGRAM_LEN, Drafter
 
 
 class Grammar:

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from sluice.config import ConfigError, load_pipeline, parse_pipeline
-from sluice.engines.base import EngineContext, RecordError
+from sluice.engines.engine_contract import EngineContext, RecordError
 from sluice.engines.llm.operator_engine import AnswerError, LLMEngine, LLMOptions
 
 SCHEMA = {"type": "object", "properties": {"label": {"enum": ["positive", "negative"]}}, "required": ["label"],

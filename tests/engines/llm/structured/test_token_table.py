@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from tokenizers import Tokenizer, models
 
+from sluice.engines.llm.loading.chat_tokenizer import ChatTokenizer
 from sluice.engines.llm.structured.backend import TokenTable
 from sluice.engines.llm.structured.token_table import token_table
-from sluice.engines.llm.tokenizer import ChatTokenizer
 
 TEXTS = ['{"product": "Café crème", "stars": 4}', "naïve 日本語 emoji 🙂 tabs\tand\nnewlines", "  spaced  out  ",
          "1234567890 digits split one by one"]

@@ -1,0 +1,3 @@
+"""The ``tensorrt`` engine (native TensorRT): its pipeline options, the backend, and building or loading the
+cached engine plan.
+"""
