@@ -62,6 +62,7 @@ def _lines(proc: subprocess.CompletedProcess[str]) -> list[str]:
     return [line for line in (proc.stderr + proc.stdout).splitlines() if line.strip()]
 
 
+@pytest.mark.slow  # ./dev test fast leaves it out
 def test_every_command_fails_in_one_line_on_every_broken_model_directory(broken: dict[str, Path],
                                                                           tmp_path: Path) -> None:
     commands: list[tuple[str, tuple[str, ...]]] = []
@@ -132,6 +133,7 @@ def _under_a_terminal(args: list[str], env: dict[str, str], timeout_s: float = 1
     return code, output.decode(errors="replace")
 
 
+@pytest.mark.slow  # ./dev test fast leaves it out
 @pytest.mark.parametrize("engine", ["torch", "onnx"])
 def test_a_model_with_its_own_code_is_refused_under_a_terminal_and_runs_when_trusted(
         broken: dict[str, Path], tmp_path: Path, engine: str) -> None:

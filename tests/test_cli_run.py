@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.reliability.pipelines import write_pipeline
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -20,6 +22,7 @@ def closed_port() -> int:
         return int(s.getsockname()[1])  # nothing listens once the socket is closed
 
 
+@pytest.mark.slow  # ./dev test fast leaves it out
 def test_an_unreachable_broker_is_waited_for_and_sigterm_stops_cleanly(tmp_path: Path) -> None:
     pipeline = write_pipeline(tmp_path / "p.yaml", f"127.0.0.1:{closed_port()}", ("in", "out", "dlq"), "g")
     proc = subprocess.Popen([sys.executable, "-m", "sluice.cli", "run", str(pipeline)], cwd=ROOT,

@@ -77,6 +77,7 @@ def test_int8_vectors_stay_close_to_float32_and_the_file_is_cached(model_copy: P
     assert float(alone @ mixed) > 0.99999  # 0.99999997 seen (0.988 with per-batch scales)
 
 
+@pytest.mark.slow  # ./dev test fast leaves it out
 def test_int8_goes_to_the_cache_when_the_model_folder_is_read_only(model_copy: Path, tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     import os

@@ -70,6 +70,7 @@ def smol_engine(smollm2_gguf: Path) -> LLM:
     return LLM(smollm2_gguf, weights="fp32")  # the dequantiser and loader against HF's own GGUF loading
 
 
+@pytest.mark.slow  # ./dev test fast leaves it out
 def test_smollm2_gguf_greedy_parity_with_hf(
     smollm2_gguf: Path, smol_engine: LLM, next_logprobs: Callable[[LlamaModel, list[int]], torch.Tensor]
 ) -> None:

@@ -100,6 +100,7 @@ def test_an_unsupported_gguf_architecture_is_refused_in_one_line(tmp_path: Path)
     assert "\n" not in message and "'falcon' is not supported" in message and "qwen3" in message
 
 
+@pytest.mark.slow  # ./dev test fast leaves it out
 def test_gemma3_multimodal_checkpoint_runs_its_text_model(tmp_path: Path) -> None:
     from transformers import AutoModelForImageTextToText
 
