@@ -129,9 +129,6 @@ fi
 export PYTHONPATH="$SITE:$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 say "installed $(grep -vc '^#' "$PINS") wheels into a temporary target: $("$PY" -c 'import pydantic; print("pydantic", pydantic.VERSION, "from", pydantic.__file__)')"
 export PYTHONUNBUFFERED=1
-# The native CPU kernels (sluice/engines/llm/cpu/native_cpu.py) are the CPU path's; building them would
-# spend a step's budget compiling (the GPU machine has no ninja anyway).
-export SLUICE_NATIVE_KERNELS=0
 
 # 4. The dry run: the CPU, Triton's interpreter, no GPU visible, and imports limited to what the GPU
 #    machine has plus the wheels (bench/gpu_check_guard.py).

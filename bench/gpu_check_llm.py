@@ -58,6 +58,10 @@ PROFILES = {
                      64 << 20, 256, 64 << 20),
 }
 
+# The native CPU kernels are the CPU path's: building them would spend a step's budget compiling (the GPU
+# machine has no ninja anyway); on CUDA the plan never uses them.
+NO_NATIVE_BUILD = {"native_cpu": False}
+
 
 def planned(s: Settings) -> dict[str, str]:
     names = {"model": "model", "parity fp32": "parity", "parity bf16": "parity"}
@@ -76,7 +80,8 @@ def choose_variant(spec: DecoderSpec, tmp: Path) -> tuple[dict[str, Any], str | 
 
     def refusal(override: dict[str, Any]) -> str | None:
         try:
-            LLM(str(probe_dir(spec, tmp / "probe", override)), device="cpu", kv_cache_memory_bytes=1 << 20)
+            LLM(str(probe_dir(spec, tmp / "probe", override)), device="cpu", kv_cache_memory_bytes=1 << 20,
+                kernels=NO_NATIVE_BUILD)
         except Exception as err:  # the engine's refusal, whatever its type, is the row's reason
             return one_line(err)
         return None
@@ -199,7 +204,8 @@ def main() -> None:
             torch.cuda.empty_cache()
 
         options = dict(device=args.device, max_num_seqs=s.max_num_seqs, max_num_batched_tokens=s.max_num_batched_tokens,
-                       kv_cache_memory_bytes=s.kv_cache_memory_bytes, max_model_len=s.max_model_len)
+                       kv_cache_memory_bytes=s.kv_cache_memory_bytes, max_model_len=s.max_model_len,
+                       kernels=NO_NATIVE_BUILD)
         for dtype in ("fp32", "bf16"):
             llm = None
             with rows.attempt(f"parity {dtype}"):

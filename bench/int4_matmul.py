@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     from sluice.engines.llm.cpu import native_cpu
 
-    if not native_cpu.int4_matmul_usable():
+    if not native_cpu.int4_matmul_available():
         print("the native int4 kernel is not available here (needs AVX512-BF16 and VBMI, and a C++ compiler)")
         return 1
     torch.set_num_threads(args.threads)

@@ -102,31 +102,26 @@ def run_workload(model: str, workload: Workload, args: argparse.Namespace, with_
             print(f"  {results[-1].engine:<18}{results[-1].tokens_per_s:8.1f} tok/s", flush=True)
     ctx_per_slot = -(-(workload.max_request_tokens + 16) // 256) * 256
     kv_tokens = max(slots) * ctx_per_slot
-    # (weights, engine name, environment of the spawned child: it reads these at model load / per matmul)
-    runs = [(w, "sluice" if w == "auto" else f"sluice-{w}", {}) for w in args.weights]
+    # (weights, engine name, the engine's kernel choices: engine.kernels, kernel_plan.py)
+    runs: list[tuple[str, str, dict[str, str | bool]]] = [
+        (w, "sluice" if w == "auto" else f"sluice-{w}", {}) for w in args.weights]
     if args.dense_prompt_baseline:  # the same engine with prompt rows through the dense bf16 GEMM
-        runs.append(("auto", "sluice-dense-prompts", {"SLUICE_INT4_DENSE_PROMPTS": "1"}))
+        runs.append(("auto", "sluice-dense-prompts", {"int4_dense_prompts": "on"}))
     if args.native_layers_baseline:  # the same engine with decode steps through the Python modules
-        runs.append(("auto", "sluice-modules", {"SLUICE_NATIVE_LAYERS": "0"}))
+        runs.append(("auto", "sluice-modules", {"native_decode_layers": False}))
     if args.int4_kernel_baseline:  # torch's int4 kernel (and so the modules): the engine before both
-        runs.append(("auto", "sluice-torch-int4", {"SLUICE_INT4_MATMUL": "0"}))
+        runs.append(("auto", "sluice-torch-int4", {"int4_matmul": "torch"}))
     if args.zero_points_baseline:  # Sluice's kernel reading zero points of 0 (Q4_0) and an asymmetric head
-        runs.append(("auto", "sluice-zero-points", {"SLUICE_INT4_SCALES_ONLY": "0"}))
+        runs.append(("auto", "sluice-zero-points", {"int4_scales_only": False}))
     if args.baseline_root:  # the same engine as of another commit, in the same round
         runs += [(w, f"sluice@{args.baseline_ref}" + ("" if w == "auto" else f"-{w}"), {}) for w in args.weights]
-    for weights, engine, env in runs:
-        saved = {k: os.environ.get(k) for k in env}
-        os.environ.update(env)
+    for weights, engine, kernels in runs:
         fn, root = (run_sluice_at, (args.baseline_root,)) if "@" in engine else (run_sluice, ())
-        try:
-            results.append(in_child(engine, workload.name, fn, *root, model, workload, args.threads, weights,
-                                    kv_tokens, {"max_num_batched_tokens": args.max_num_batched_tokens}))  # fmt: skip
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
+        options: dict[str, object] = {"max_num_batched_tokens": args.max_num_batched_tokens}
+        if kernels:
+            options["kernels"] = kernels
+        results.append(in_child(engine, workload.name, fn, *root, model, workload, args.threads, weights,
+                                kv_tokens, options))  # fmt: skip
         print(f"  {engine:<18}{results[-1].tokens_per_s:8.1f} tok/s", flush=True)
     if with_hf and not args.no_peers:
         for bs in sorted({min(workload.concurrency, 8), min(workload.concurrency, 32)}):
@@ -222,15 +217,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--weights", default="auto", help="Sluice weight modes to run, comma-separated")
     ap.add_argument("--max-num-batched-tokens", type=int, default=512)
     ap.add_argument("--dense-prompt-baseline", action="store_true",
-                    help="also run Sluice with SLUICE_INT4_DENSE_PROMPTS=1 (prompt rows through the dense bf16 "
+                    help="also run Sluice with engine.kernels.int4_dense_prompts: on (prompt rows through the dense bf16 "
                     "GEMM, the default only where Sluice's int4 kernel is not built)")
     ap.add_argument("--native-layers-baseline", action="store_true",
-                    help="also run Sluice with SLUICE_NATIVE_LAYERS=0 (decode steps through the Python modules)")
+                    help="also run Sluice with engine.kernels.native_decode_layers: false (decode steps through the Python modules)")
     ap.add_argument("--int4-kernel-baseline", action="store_true",
-                    help="also run Sluice with SLUICE_INT4_MATMUL=0 (torch's int4 kernel, not Sluice's own; "
+                    help="also run Sluice with engine.kernels.int4_matmul: torch (torch's int4 kernel, not Sluice's own; "
                     "the native layer stack needs the latter, so it is off too)")
     ap.add_argument("--zero-points-baseline", action="store_true",
-                    help="also run Sluice with SLUICE_INT4_SCALES_ONLY=0 (int4 weights keep zero points of 0, "
+                    help="also run Sluice with engine.kernels.int4_scales_only: false (int4 weights keep zero points of 0, "
                     "the LM head is quantised asymmetric: the bytes read before scales-only weights)")
     ap.add_argument("--repeats", type=int, default=1,
                     help="rounds of each workload (every engine each round), with a table of the per-round ratios "

@@ -49,7 +49,9 @@ def validate_files(args: argparse.Namespace) -> int:
             print(f"{path}: {refusal}", file=sys.stderr)
             failed += 1
             continue
-        print(f"{path}: ok ({p.source.describe()} -> {p.engine.type} -> {p.sink.destination})")
+        kernels = getattr(loaded.engine_options, "kernels", None)  # the llm engine's choices, as asked
+        note = f"; kernels: {kernels.options().describe()}, resolved for the machine at start" if kernels else ""
+        print(f"{path}: ok ({p.source.describe()} -> {p.engine.type} -> {p.sink.destination}{note})")
     if len(paths) > 1:
         print(f"{len(paths) - failed} of {len(paths)} pipeline files valid", file=sys.stderr if failed else sys.stdout)
     return EXIT_FAILED if failed else EXIT_OK

@@ -31,7 +31,7 @@ SCRIPT = ROOT / "bench" / "gpu_check.sh"
 
 
 def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "SLUICE_KERNELS", "PYTHONPATH")}
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "PYTHONPATH")}
     return {**env, "SLUICE_PYTHON": sys.executable, **extra}
 
 

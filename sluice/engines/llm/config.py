@@ -12,8 +12,10 @@ OLMo 2's post-norms with q/k norms across heads).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal, get_args
+
+from sluice.engines.llm.kernel_plan import KernelOptions
 
 # The allowed values of EngineConfig's string settings, as types: the pipeline options (operator_options.py)
 # take the same ones, so `sluice validate` refuses what the engine would refuse at start.
@@ -240,6 +242,8 @@ class EngineConfig:
     speculative_ngram_max: int = 3
     speculative_ngram_min: int = 1
     speculative_adaptive: bool = True
+    # Which kernels and weight forms compute (kernel_plan.py): resolved once at start into a KernelPlan.
+    kernels: KernelOptions = field(default_factory=KernelOptions)
 
     DEFAULT_CPU_KV_BYTES = 512 * 1024 * 1024
 

@@ -36,6 +36,7 @@ from pathlib import Path
 
 import torch
 
+from sluice.engines.llm import kernels
 from sluice.engines.llm.config import EngineConfig
 from sluice.engines.llm.core.kv_cache import KVCacheManager
 from sluice.engines.llm.core.output import EngineStats, RequestOutput
@@ -44,6 +45,7 @@ from sluice.engines.llm.core.request import Request, RequestStatus, SamplingPara
 from sluice.engines.llm.core.scheduler import Scheduler
 from sluice.engines.llm.core.speculation import Drafter
 from sluice.engines.llm.cpu import native_cpu
+from sluice.engines.llm.kernel_plan import KernelOptions, KernelPlan, Machine, resolve
 from sluice.engines.llm.loading.chat_tokenizer import ChatTokenizer
 from sluice.engines.llm.loading.model_files import describe_loaded, load_model, resolve_model_path
 from sluice.engines.llm.model.model_runner import ModelRunner, resolve_device_dtype
@@ -75,6 +77,8 @@ class LLM:
         if isinstance(structured_output_backend, str) and structured_output_backend not in BACKENDS:
             raise ValueError(f"unknown structured_output_backend {structured_output_backend!r}; choose one of "
                              f"{', '.join(BACKENDS)}")
+        if isinstance(options.get("kernels"), dict):
+            options["kernels"] = KernelOptions(**options["kernels"])  # type: ignore[arg-type]
         self.config = EngineConfig(**options)  # type: ignore[arg-type]
         start = StartLog(f"llm {model}")  # a line per phase of the start, with its duration
         with start.phase("located the model") as phase:
@@ -94,11 +98,9 @@ class LLM:
         if self.max_model_len < (self.config.max_model_len or 0):
             log.warning("max_model_len %d is more than the model's context of %d tokens; using %d",
                         self.config.max_model_len, model_config.max_context_len, self.max_model_len)  # fmt: skip
-        if resolve_device_dtype(self.config)[0].type == "cpu" and native_cpu.enabled():
-            with start.phase("native CPU kernels ready") as phase:  # compiled here at the first start (logged)
-                phase.detail = "available" if native_cpu.load() is not None else "unavailable: the torch path"
+        self.kernels = _kernel_plan(self.config.kernels, resolve_device_dtype(self.config)[0].type, start)
         with start.phase("built the model", announce=f"converting {len(loaded.tensors)} tensors") as phase:
-            self.runner = ModelRunner(model_config, loaded.tensors, self.config, self.max_model_len,
+            self.runner = ModelRunner(model_config, loaded.tensors, self.config, self.max_model_len, self.kernels,
                                       progress=lambda done, total: phase.progress(done, total, "tensors"))
             phase.detail = (f"{self.runner.device}, {self.runner.num_blocks} KV blocks of {self.config.block_size} "
                             f"tokens, {self.max_model_len} tokens of context")
@@ -277,3 +279,20 @@ class LLM:
         if self.tokenizer is None:
             raise ValueError(f"{what} need a tokenizer, and this model directory has none; pass token ids")
         return self.tokenizer
+
+
+def _kernel_plan(options: KernelOptions, device_type: str, start: StartLog) -> KernelPlan:
+    """The engine's kernel plan: what this machine has, asked only where the options want it (the native
+    kernels are compiled here at the first start on a machine, logged as a phase)."""
+    native = int4 = False
+    if device_type == "cpu" and options.native_cpu:
+        with start.phase("native CPU kernels ready") as phase:
+            native = native_cpu.load() is not None
+            int4 = native and native_cpu.int4_matmul_available()
+            phase.detail = "available" if native else "unavailable: the torch path"
+    wants_triton = options.attention == "triton" or (options.attention == "auto" and device_type != "cpu")
+    triton = wants_triton and kernels.triton_importable()
+    machine = Machine(device_type, triton, kernels.triton_interpreted(), native, int4)
+    plan = resolve(options, machine)
+    log.info("llm kernels: %s", plan.describe())
+    return plan

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from sluice.engines.llm.config import DTypeName, EngineConfig, WeightMode
 from sluice.engines.llm.core.record_seed import SeedFrom
+from sluice.engines.llm.kernel_plan import KernelOptions
 from sluice.engines.llm.structured.options import OVERRIDE_KINDS, StructuredOutputOptions
 
 _ENGINE = EngineConfig()  # the engine's defaults
@@ -29,6 +30,43 @@ ENGINE_SETTINGS = ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "n
 
 _OVERRIDABLE = Literal["max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "json_schema", "choice",
                        "regex"]
+
+
+_KERNELS = KernelOptions()
+
+
+class KernelSettings(BaseModel):
+    """Which kernels and weight forms compute (``engine.kernels``): every choice defaults to what serving
+    wants; turning one off compares paths or works around a kernel. Shown by ``sluice validate`` and logged
+    at start, as resolved for the machine."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+    attention: Literal["auto", "triton", "torch", "reference"] = _KERNELS.attention  # type: ignore[assignment]
+    """The KV store and paged attention: `auto` (Triton on CUDA, torch elsewhere), `triton`, `torch`, or
+    `reference` (slow per-sequence loops)."""
+    cpu_attention: Literal["planned", "paged"] = _KERNELS.cpu_attention  # type: ignore[assignment]
+    """On the CPU: `planned` (attention planned once per step, the native kernel where built) or `paged`
+    (padded block tables per layer, as on CUDA)."""
+    native_cpu: bool = _KERNELS.native_cpu
+    """Sluice's C++ CPU kernels, compiled once per machine at the first start (`false`: torch's ops)."""
+    native_decode_layers: bool = _KERNELS.native_decode_layers
+    """A decode step's layers in one native call, for Llama-shaped int4 models."""
+    int4_matmul: Literal["sluice", "torch"] = _KERNELS.int4_matmul  # type: ignore[assignment]
+    """Int4 weights on the CPU: Sluice's matmul where built (AVX512-BF16), or torch's."""
+    int4_scales_only: bool = _KERNELS.int4_scales_only
+    """Symmetric int4 weights keep their scales only (a tenth fewer bytes read per step)."""
+    int4_dense_prompts: Literal["auto", "on", "off"] = _KERNELS.int4_dense_prompts  # type: ignore[assignment]
+    """Prompt rows of int4 projections through a dense bf16 GEMM: `auto` where Sluice's int4 matmul is not
+    used, `on`, `off`."""
+
+    @field_validator("int4_dense_prompts", mode="before")
+    @classmethod
+    def _on_off(cls, value: object) -> object:
+        return {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value  # YAML's on / off
+
+    def options(self) -> KernelOptions:
+        return KernelOptions(**self.model_dump())
 
 
 class LLMOptions(BaseModel):
@@ -103,6 +141,8 @@ class LLMOptions(BaseModel):
     deterministic: bool = _ENGINE.deterministic
     """A record's answer never depends on the records it is batched with, on chunking, caching, speculation or
     threads (see the LLM guide for what is reproduced); `false` lets each step's shape pick the kernels."""
+    kernels: KernelSettings = Field(default_factory=KernelSettings)
+    """Which kernels and weight forms compute."""
 
     @model_validator(mode="after")
     def _ngram_range(self) -> LLMOptions:
@@ -153,6 +193,7 @@ class LLMOptions(BaseModel):
         settings: dict[str, Any] = {name: getattr(self, name) for name in ENGINE_SETTINGS}
         if self.kv_cache_memory_mb is not None:
             settings["kv_cache_memory_bytes"] = self.kv_cache_memory_mb * 1024 * 1024
+        settings["kernels"] = self.kernels.options()
         return settings
 
     @property

@@ -45,7 +45,7 @@ def needs_native_int4() -> None:
     a collection-time mark: asking builds the native kernels, which must not happen while collecting."""
     from sluice.engines.llm.cpu import native_cpu
 
-    if not native_cpu.int4_matmul_usable():
+    if not native_cpu.int4_matmul_available():
         pytest.skip("the native int4 kernel needs a CPU with AVX512-BF16 (elsewhere torch's kernel runs)")
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import random
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -22,8 +22,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sluice.engines.llm import LLM, SamplingParams
-from sluice.engines.llm.cpu import native_cpu
-from sluice.engines.llm.model.model_runner import DENSE_PROMPTS_ENV
 from sluice.engines.llm.random_models import save_random_model
 
 Answer = tuple[list[int], list[float]]
@@ -152,23 +150,15 @@ def test_smollm2_random_compositions(smollm2: Case, seed: int, chunk: int, seqs:
     case.run(f"chunk {chunk}, {seqs} seqs, {speculate} drafts", llm, seed=seed, others=True)
 
 
-@pytest.fixture
-def _torch_int4_kernel(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """The engine as on a CPU without AVX512-BF16: torch's int4 kernel, prompt rows through the dense GEMM."""
-    monkeypatch.setenv("SLUICE_INT4_MATMUL", "0")
-    monkeypatch.setenv(DENSE_PROMPTS_ENV, "auto")
-    yield
-
-
 @pytest.mark.slow
-@pytest.mark.usefixtures("_torch_int4_kernel")
 def test_smollm2_without_the_native_int4_kernel(smollm2_gguf: Path) -> None:
     """Prompt rows and decode rows take different matmuls there; each prompt is still answered as alone,
     including a prompt that continues an earlier answer (its generated blocks in the prefix cache were computed
     as decode rows: they must not stand in for prompt rows)."""
     prompts: list[Prompt] = list(SMOLLM_PROMPTS[:4])
-    case = Case(smollm2_gguf, prompts, list(SMOLLM_OTHERS[:4]))
-    assert case.engine().runner.routes_prompt_rows == (not native_cpu.int4_matmul_usable())
+    # the engine as on a CPU without AVX512-BF16: torch's int4 kernel, prompt rows through the dense GEMM
+    case = Case(smollm2_gguf, prompts, list(SMOLLM_OTHERS[:4]), kernels={"int4_matmul": "torch"})
+    assert case.engine().runner.routes_prompt_rows
     case.run("all together", case.engine(max_num_batched_tokens=32), seed=5, others=True)
     llm = case.engine()
     first = _answers(llm, [prompts[0]], [_params(prompts[0], False)])[0]

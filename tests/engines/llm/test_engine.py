@@ -75,8 +75,8 @@ def test_shared_prefix_across_requests_hits_the_cache(tiny: Path) -> None:
 
 def test_kernel_attention_path_gives_the_same_tokens(tiny: Path, reference: TokensOf) -> None:
     """The path CUDA takes (padded block tables -> kernels.store_kv / paged_attention), run on the CPU."""
-    llm = LLM(tiny, max_num_batched_tokens=24)
-    llm.runner.use_cpu_attention_plan = False
+    llm = LLM(tiny, max_num_batched_tokens=24, kernels={"cpu_attention": "paged"})
+    assert not llm.runner.cpu_attention_plan
     assert _tokens(llm.generate(_prompts(7, LENGTHS), PARAMS)) == reference
 
 

@@ -40,7 +40,7 @@ FEATURES: dict[str, dict[str, Any]] = {
     "preemption": {**OFF, "kv_blocks": PREEMPTION_BLOCKS},
     "speculation": {**OFF, "num_speculative_tokens": 3, "speculative_adaptive": False},
     # the attention path CUDA takes (padded block tables, kernels.paged_attention), here its torch ops
-    "kernel_path": {**OFF, "cpu_plan": False},
+    "kernel_path": {**OFF, "kernels": {"cpu_attention": "paged"}},
     "all": dict(enable_prefix_caching=True, max_num_batched_tokens=16, kv_blocks=PREEMPTION_BLOCKS,
                 num_speculative_tokens=3, speculative_adaptive=False),
 }  # fmt: skip
@@ -50,15 +50,12 @@ READ_FROM_GGUF_AS = {"mixtral": "llama"}  # llama.cpp's converter writes Mixtral
 
 def _engine(path: Path, options: dict[str, Any]) -> LLM:
     options = dict(options)
-    cpu_plan = options.pop("cpu_plan", True)
     blocks = options.pop("kv_blocks", None)
     if blocks is not None:
         cfg = load_weights(path)[0]
         bytes_per_block = 2 * cfg.num_layers * 16 * cfg.num_kv_heads * cfg.head_dim * 4  # fp32, block size 16
         options["kv_cache_memory_bytes"] = blocks * bytes_per_block
-    llm = LLM(path, **options)
-    llm.runner.use_cpu_attention_plan = cpu_plan
-    return llm
+    return LLM(path, **options)
 
 
 def _check_greedy(llm: LLM, prompts: list[list[int]], expected: list[list[int]], feature: str) -> None:

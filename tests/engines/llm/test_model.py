@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from sluice.engines.llm.cpu import native_cpu
 from sluice.engines.llm.kernels import reference
 from sluice.engines.llm.loading.weights import unpermute_rotary_rows
 from sluice.engines.llm.model.attention import (
@@ -52,7 +53,7 @@ def test_cpu_paged_attention_matches_the_reference(planned_group: int, window: i
         block_tables=torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32),
         max_seq_len=max(seq_lens),
         cpu_plan=plan_cpu_attention(query_lens, seq_lens, tables, block_size, planned_group,
-                                    windows=(window, 3) if window else ()),
+                                    windows=(window, 3) if window else (), native=native_cpu.usable()),
     )
     ref_k, ref_v = k_cache.clone(), v_cache.clone()
     reference.store_kv(k, v, ref_k, ref_v, meta.slot_mapping)

@@ -36,7 +36,9 @@ def test_every_engine_setting_of_the_pipeline_has_the_engines_default() -> None:
         assert name in engine and name in pipeline, name
         assert pipeline[name] == engine[name], f"{name}: LLMOptions {pipeline[name]!r}, EngineConfig {engine[name]!r}"
     # a field added to both under one name is either an engine setting or listed as meaning something else
-    assert set(engine) & set(pipeline) == set(ENGINE_SETTINGS) | DIFFERENT_MEANING
+    # (kernels: a section of its own, converted to the engine's KernelOptions)
+    assert set(engine) & set(pipeline) == set(ENGINE_SETTINGS) | DIFFERENT_MEANING | {"kernels"}
+    assert LLMOptions().kernels.options() == EngineConfig().kernels
 
 
 def test_the_options_pass_every_engine_setting_to_the_engine() -> None:

@@ -192,8 +192,8 @@ def test_kernel_attention_path_verifies_drafts_too(tiny: Path) -> None:
     prompts = _repetitive_prompts(6, seed=13)
     params = SamplingParams(max_tokens=24)
     expected = [o.token_ids for o in LLM(tiny, kv_cache_memory_bytes=1 << 24).generate(prompts, params)]
-    llm = LLM(tiny, kv_cache_memory_bytes=1 << 24, num_speculative_tokens=4, speculative_adaptive=False)
-    llm.runner.use_cpu_attention_plan = False
+    llm = LLM(tiny, kv_cache_memory_bytes=1 << 24, num_speculative_tokens=4, speculative_adaptive=False,
+              kernels={"cpu_attention": "paged"})
     assert [o.token_ids for o in llm.generate(prompts, params)] == expected
     assert llm.stats.num_draft_tokens > 0
 

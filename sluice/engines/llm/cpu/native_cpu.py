@@ -23,14 +23,13 @@ Built with ``torch.utils.cpp_extension`` (a C++ compiler and ninja, ``-march=nat
 that needs it, once per machine and torch version, into the Sluice cache (``native_build.py``: the key, the
 lock other processes wait on, what is logged). Where it cannot be built (no compiler, no ninja, a build
 error) the engine logs why, once, and keeps the torch path: same results to float rounding, slower at small
-batches. ``SLUICE_NATIVE_KERNELS=0`` turns it off.
+batches. ``engine.kernels.native_cpu: false`` (``kernel_plan.py``) turns it off.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-import os
 import threading
 from types import ModuleType
 
@@ -41,21 +40,13 @@ from sluice.engines.llm.cpu.int4_layout import AVX512, Int4Layout, torch_layout
 
 log = logging.getLogger(__name__)
 
-ENV = "SLUICE_NATIVE_KERNELS"
-INT4_MATMUL_ENV = "SLUICE_INT4_MATMUL"
-
-
-def enabled() -> bool:
-    """False when ``SLUICE_NATIVE_KERNELS=0`` (read on every call, so tests can compare both paths)."""
-    return os.environ.get(ENV, "1") != "0"
-
-
 DTYPES = (torch.float32, torch.bfloat16)  # what the kernels read and write
 
 
 def usable() -> bool:
-    """Enabled and built (the first call builds it: blocks while compiling)."""
-    return enabled() and load() is not None
+    """Built (the first call builds it: blocks while compiling). Whether the engine uses the kernels is its
+    plan's ``native_cpu``, asked before this."""
+    return load() is not None
 
 
 def takes(x: torch.Tensor) -> bool:
@@ -84,7 +75,7 @@ def load() -> ModuleType | None:
     if module is None:
         log.warning("native CPU kernels unavailable (%s); the LLM engine uses the torch path: slower at small "
                     "batches, and an answer may then depend on what it is batched with (needs a C++ compiler and "
-                    "ninja; set %s=0 to skip the attempt)", how, ENV)  # fmt: skip
+                    "ninja; set engine.kernels.native_cpu: false to skip the attempt)", how)  # fmt: skip
     return module
 
 
@@ -137,12 +128,11 @@ def int4_unpack(packed: torch.Tensor, scale_zero: torch.Tensor, row0: int, out: 
     _ops().int4_unpack(packed, scale_zero, row0, out, layout.block, layout.halves)
 
 
-def int4_matmul_usable() -> bool:
-    """Whether :func:`int4_matmul` runs here: the kernels usable and built with its vector path (a CPU with
-    AVX512-BF16 and BW), torch packing in the AVX512 layout the kernel reads, and ``SLUICE_INT4_MATMUL`` not
-    ``0`` (benchmarks compare the two). Elsewhere ``Int4Weight`` keeps torch's int4 kernel."""
-    return (os.environ.get(INT4_MATMUL_ENV, "1") != "0" and usable() and _int4_vector_path()
-            and torch_layout() == AVX512)
+def int4_matmul_available() -> bool:
+    """Whether :func:`int4_matmul` can run here: the kernels built with its vector path (a CPU with
+    AVX512-BF16 and BW) and torch packing in the AVX512 layout the kernel reads. Elsewhere ``Int4Weight``
+    keeps torch's int4 kernel; the engine's plan (``kernels.int4_matmul``) may choose torch's anyway."""
+    return usable() and _int4_vector_path() and torch_layout() == AVX512
 
 
 @functools.cache
@@ -154,7 +144,7 @@ def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scale_zero: torch.Tensor,
                 ) -> torch.Tensor:  # fmt: skip
     """``x @ W.T`` for ``x`` ``(M, K)`` contiguous bfloat16 and an int4 weight in torch's packed CPU layout
     (``Int4Weight``): ``(M, Np)`` bfloat16, Np the padded rows. Each row's result is independent of the
-    others in the call; call only where :func:`int4_matmul_usable`. ``portable``: the form for CPUs without
+    others in the call; call only where :func:`int4_matmul_available`. ``portable``: the form for CPUs without
     AVX512-VBMI even where this one has it (the same results; tests compare them)."""
     out: torch.Tensor = _ops().int4_matmul(x, packed, scale_zero, portable)
     return out
@@ -164,7 +154,7 @@ def int4_grouped_matmul(x: torch.Tensor, ends: torch.Tensor, packed: list[torch.
                         scale_zero: list[torch.Tensor]) -> torch.Tensor:  # fmt: skip
     """Rows of ``x`` ``(R, K)`` contiguous bfloat16 sorted by expert, expert ``e``'s at ``ends[e-1]:ends[e]``
     (``ends`` int64), each run through expert ``e``'s int4 weight: ``(R, Np)`` bfloat16, one call. Call only
-    where :func:`int4_matmul_usable`."""
+    where :func:`int4_matmul_available`."""
     out: torch.Tensor = _ops().int4_grouped_matmul(x, ends, packed, scale_zero)
     return out
 
@@ -173,7 +163,7 @@ def decode_layers(h: torch.Tensor, layers: list[list[torch.Tensor]], sizes: list
                   sin: torch.Tensor, slots: torch.Tensor, blocks: torch.Tensor, lens: torch.Tensor, eps: float,
                   scale: float) -> torch.Tensor:  # fmt: skip
     """Every Llama-shaped int4 decoder layer of a decode-only step (``cpu/native_layers.py`` builds the
-    arguments); call only where :func:`int4_matmul_usable`."""
+    arguments); call only where :func:`int4_matmul_available`."""
     out: torch.Tensor = _ops().decode_layers(h, layers, sizes, cos, sin, slots, blocks, lens, eps, scale)
     return out
 

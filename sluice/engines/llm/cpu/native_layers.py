@@ -9,12 +9,11 @@ for bit those of the module path (tested), only sooner.
 
 It takes a step only when every row is a decode row of its own sequence (no prompt rows: those take the
 dense path of ``model/layers/quantized.py``; no speculative verifies), with no LongRoPE rows; everything else
-runs the modules. ``SLUICE_NATIVE_LAYERS=0`` turns it off (benchmarks compare the two).
+runs the modules. ``engine.kernels.native_decode_layers: false`` turns it off (benchmarks compare the two).
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 
 import torch
@@ -26,11 +25,9 @@ from sluice.engines.llm.model.attention import AttentionMetadata
 from sluice.engines.llm.model.layers.decoder import LlamaDecoderLayer
 from sluice.engines.llm.model.layers.mlp import GatedMLP
 from sluice.engines.llm.model.layers.norm import RMSNorm
-from sluice.engines.llm.model.layers.quantized import QuantizedLinear, routing_rows
+from sluice.engines.llm.model.layers.quantized import QuantizedLinear
 from sluice.engines.llm.model.layers.self_attention import KVCache, SelfAttention
 from sluice.engines.llm.quant.packed import Int4Weight
-
-ENV = "SLUICE_NATIVE_LAYERS"
 
 
 def _int4(module: nn.Module) -> Int4Weight | None:
@@ -62,7 +59,7 @@ class NativeDecodeLayers:
         over ``kv_caches``, or None where some layer is not the case it computes exactly (another layer type
         or norm, biases, q/k norms, a layer without rotary, a soft-cap, another activation, experts, weights that are not int4, caches that are
         not bf16, several rotary tables) or the native int4 kernel is not built here."""
-        if not native_cpu.int4_matmul_usable() or len(set(layer_rope)) != 1:
+        if not native_cpu.int4_matmul_available() or len(set(layer_rope)) != 1:
             return None
         tensors: list[list[torch.Tensor]] = []
         sizes: list[list[int]] = []
@@ -99,13 +96,13 @@ class NativeDecodeLayers:
         return cls(tensors, sizes, kv_caches, eps, scale)
 
     def applies(self, h: torch.Tensor, meta: AttentionMetadata, kv_caches: list[KVCache], cos: torch.Tensor) -> bool:
-        """Whether this step is one the native stack computes as the modules would: decode rows only, none
-        routed to the dense path, no LongRoPE rows, the caches it was built over, bf16 rotary tables."""
+        """Whether this step is one the native stack computes as the modules would: decode rows only (the
+        caller routes no row to the dense path), no LongRoPE rows, the caches it was built over, bf16 rotary
+        tables."""
         plan = meta.cpu_plan
         return (plan is not None and plan.decode_only and plan.decode_blocks is not None
-                and meta.long_rope is None and kv_caches is self.kv_caches and not routing_rows()
-                and h.dtype == torch.float32 and cos.dtype == torch.bfloat16
-                and os.environ.get(ENV, "1") != "0" and native_cpu.int4_matmul_usable())  # fmt: skip
+                and meta.long_rope is None and kv_caches is self.kv_caches
+                and h.dtype == torch.float32 and cos.dtype == torch.bfloat16)  # fmt: skip
 
     def __call__(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         plan = meta.cpu_plan

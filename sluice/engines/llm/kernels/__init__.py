@@ -7,8 +7,10 @@ Two ops, three implementations behind one interface:
 * ``torch``: vectorised torch (:mod:`.torch_ops`), chosen otherwise (the CPU hot path);
 * ``reference``: slow per-sequence loops (:mod:`.reference`), what the tests compare against.
 
-``SLUICE_KERNELS=triton|torch|reference`` forces a path (read on every call). ``triton`` on CPU tensors
-works only under the Triton interpreter (``TRITON_INTERPRET=1`` set before ``triton`` is imported).
+The engine passes the path its :class:`~sluice.engines.llm.kernel_plan.KernelPlan` chose
+(``kernels.attention``); without one, the ops take :func:`kernel_path`'s default for the tensors' device.
+``triton`` on CPU tensors works only under the Triton interpreter (``TRITON_INTERPRET=1`` set before
+``triton`` is imported, as the tests do).
 
 Cache layout for both ops: ``(num_blocks, block_size, num_kv_heads, head_dim)`` per layer, ``head_dim``
 contiguous. Allocate caches with ``torch.zeros``: the torch path needs every slot finite (see
@@ -25,10 +27,9 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["KERNEL_PATHS", "kernel_path", "paged_attention", "store_kv"]
+__all__ = ["KERNEL_PATHS", "kernel_path", "paged_attention", "store_kv", "triton_importable", "triton_interpreted"]
 
 KERNEL_PATHS = ("triton", "torch", "reference")
-_ENV = "SLUICE_KERNELS"
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,8 @@ def _load(path: str) -> _Ops:
 
 
 @functools.cache
-def _triton_importable() -> bool:
+def triton_importable() -> bool:
+    """Whether ``triton`` imports here (imports it: call only where Triton may be used)."""
     try:
         importlib.import_module("triton")
     except ImportError:
@@ -59,18 +61,15 @@ def _triton_importable() -> bool:
     return True
 
 
+def triton_interpreted() -> bool:
+    """Whether Triton's CPU interpreter is on (Triton's own setting, ``TRITON_INTERPRET=1``; the tests')."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
 def kernel_path(tensor: torch.Tensor) -> str:
-    """The path (one of ``KERNEL_PATHS``) that the ops take for tensors on ``tensor``'s device."""
-    forced = os.environ.get(_ENV, "").strip().lower()
-    if forced:
-        if forced not in KERNEL_PATHS:
-            raise ValueError(f"{_ENV}={forced!r} is not one of {', '.join(KERNEL_PATHS)}")
-        if forced == "triton" and not tensor.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
-            raise RuntimeError(
-                f"{_ENV}=triton needs CUDA tensors, or TRITON_INTERPRET=1 set before triton is imported"
-            )
-        return forced
-    return "triton" if tensor.is_cuda and _triton_importable() else "torch"
+    """The default path (one of ``KERNEL_PATHS``) for tensors on ``tensor``'s device: Triton on CUDA where it
+    imports, torch elsewhere (what ``kernels.attention: auto`` resolves to)."""
+    return "triton" if tensor.is_cuda and triton_importable() else "torch"
 
 
 def store_kv(
@@ -79,9 +78,10 @@ def store_kv(
     k_cache: torch.Tensor,  # (num_blocks, block_size, num_kv_heads, head_dim), written in place
     v_cache: torch.Tensor,  # (num_blocks, block_size, num_kv_heads, head_dim), written in place
     slot_mapping: torch.Tensor,  # (num_tokens,) int32/int64; slot = block_id * block_size + offset; < 0 = skip
+    path: str | None = None,  # one of KERNEL_PATHS; None: kernel_path(k_cache)
 ) -> None:
     """Write each new token's key and value into its cache slot; tokens with a negative slot are skipped."""
-    _load(kernel_path(k_cache)).store_kv(key, value, k_cache, v_cache, slot_mapping)
+    _load(path or kernel_path(k_cache)).store_kv(key, value, k_cache, v_cache, slot_mapping)
 
 
 def paged_attention(
@@ -98,6 +98,7 @@ def paged_attention(
     softcap: float | None = None,  # scores -> softcap * tanh(scores / softcap) before the softmax
     fixed_tiles: bool = False,  # Triton: one tile shape for every batch (batch-invariant rows)
     sinks: torch.Tensor | None = None,  # (num_heads,) a logit per head joining each row's softmax (gpt-oss)
+    path: str | None = None,  # one of KERNEL_PATHS; None: kernel_path(query)
 ) -> torch.Tensor:
     """Causal attention of every sequence's new tokens over its paged KV (prefill and decode mixed).
 
@@ -107,7 +108,7 @@ def paged_attention(
     num_kv_heads)``. Returns ``out`` (allocated when None) with the query's dtype; the softmax is accumulated
     in fp32.
     """
-    path = kernel_path(query)
+    path = path or kernel_path(query)
     extra = {"fixed_tiles": fixed_tiles} if path == "triton" else {}
     return _load(path).paged_attention(query, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale, out,
                                        sliding_window=sliding_window, softcap=softcap, sinks=sinks,

@@ -76,6 +76,7 @@ class CpuAttentionPlan:
     # per-row plan (see plan_cpu_attention): every query row's block-table row and KV length
     row_blocks: torch.Tensor | None = None  # (num_tokens, max_blocks) int64, padded with block 0
     row_lens: torch.Tensor | None = None  # (num_tokens,) int64: the row's position + 1
+    native: bool = False  # decode rows through the native kernel (the engine's KernelPlan.native_cpu)
 
 
 @dataclass(slots=True)
@@ -89,6 +90,7 @@ class AttentionMetadata:
     max_seq_len: int
     cpu_plan: CpuAttentionPlan | None = None  # set on the CPU path only
     fixed_tiles: bool = True  # kernels: one tile shape whatever the batch (EngineConfig.deterministic)
+    kernel_path: str | None = None  # kernels' path (KernelPlan.attention); None: the device's default
     # (num_tokens,) int64, 1 = rotate this row with LongRoPE's long factors; None = none do (see
     # ModelConfig.long_rope_switch_len)
     long_rope: torch.Tensor | None = None
@@ -102,6 +104,7 @@ def plan_cpu_attention(
     group: int = 1,
     windows: Sequence[int] = (),
     per_row: bool = False,
+    native: bool = False,
 ) -> CpuAttentionPlan:
     """Precompute gather indices and masks for one step on the CPU (plain Python lists in).
 
@@ -114,7 +117,7 @@ def plan_cpu_attention(
     """
     if per_row and any(q != 1 for q in query_lens):
         return _plan_rows(query_lens, seq_lens, block_tables, block_size)
-    plan = CpuAttentionPlan()
+    plan = CpuAttentionPlan(native=native)
     keys: list[Window] = [None, *sorted(set(windows))]
     decode_rows: list[int] = []
     decode_seqs: list[int] = []
@@ -177,7 +180,7 @@ def _plan_rows(query_lens: list[int], seq_lens: list[int], block_tables: list[li
     first_row = torch.cumsum(q_lens, 0) - q_lens  # each sequence's first row
     offset = torch.arange(int(q_lens.sum())) - first_row[seq_of_row]  # a row's place in its sequence's rows
     lens = (kv_lens - q_lens)[seq_of_row] + offset + 1
-    return CpuAttentionPlan(row_blocks=table.index_select(0, seq_of_row), row_lens=lens.to(torch.int64))
+    return CpuAttentionPlan(row_blocks=table.index_select(0, seq_of_row), row_lens=lens.to(torch.int64), native=True)
 
 
 def store_and_attend(
@@ -195,12 +198,11 @@ def store_and_attend(
     attended in the cache's dtype and converted back."""
     if meta.cpu_plan is None:
         from sluice.engines.llm import kernels
-
-        kernels.store_kv(key, value, k_cache, v_cache, meta.slot_mapping)
+        kernels.store_kv(key, value, k_cache, v_cache, meta.slot_mapping, path=meta.kernel_path)
         return kernels.paged_attention(
             query, k_cache, v_cache, meta.block_tables, meta.query_start_loc, meta.seq_lens, params.scale,
             sliding_window=params.sliding_window, softcap=params.softcap, fixed_tiles=meta.fixed_tiles,
-            sinks=params.sinks,
+            sinks=params.sinks, path=meta.kernel_path,
         )  # fmt: skip
     return _cpu_store_and_attend(query, key, value, k_cache, v_cache, meta.slot_mapping, meta.cpu_plan, params)
 
@@ -220,7 +222,7 @@ def _cpu_store_and_attend(
         return _native_decode(query, key, value, k_cache, v_cache, slot_mapping, plan.row_blocks, plan.row_lens,
                               params).to(model_dtype)  # fmt: skip
     native = (plan.decode_rows is not None and kv_dtype in native_cpu.DTYPES and k_cache.is_contiguous()
-              and v_cache.is_contiguous() and params.sinks is None and native_cpu.usable())
+              and v_cache.is_contiguous() and params.sinks is None and plan.native)
     if native and plan.decode_only:  # the common step: one native call stores and attends every row
         return _native_decode(query, key, value, k_cache, v_cache, slot_mapping, *_decode_table(plan),
                               params).to(model_dtype)  # fmt: skip

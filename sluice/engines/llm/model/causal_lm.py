@@ -23,23 +23,23 @@ from torch import nn
 
 from sluice.engines.llm.config import ModelConfig, RopeConfig
 from sluice.engines.llm.cpu.native_layers import NativeDecodeLayers
+from sluice.engines.llm.kernel_plan import KernelPlan
 from sluice.engines.llm.model.attention import AttentionMetadata
 from sluice.engines.llm.model.layers.decoder import DECODER_LAYERS
 from sluice.engines.llm.model.layers.moe import Stacked, pack_experts
 from sluice.engines.llm.model.layers.norm import make_norm
-from sluice.engines.llm.model.layers.quantized import QuantizedEmbedding, QuantizedLinear, RescoredHead
+from sluice.engines.llm.model.layers.quantized import RescoredHead, RowSplit, StepRows
 from sluice.engines.llm.model.layers.rotary import rope_tables
 from sluice.engines.llm.model.layers.row_invariant import make_row_invariant
 from sluice.engines.llm.model.layers.self_attention import KVCache
+from sluice.engines.llm.model.packing import expert_forms, swap_in, tied_forms
 from sluice.engines.llm.quant.gguf_rows import ExpertRows, GGUFRows, Loaded
 from sluice.engines.llm.quant.heap import release_freed_memory
 from sluice.engines.llm.quant.packed import PackedWeight
 from sluice.engines.llm.quant.policy import (
     Materialized,
     Role,
-    Source,
     choose_form,
-    gatherable,
     materialize,
     rescores_head,
 )
@@ -75,6 +75,7 @@ class CausalLM(nn.Module):
         # the layer stack of decode-only steps in one native call, where it applies (set by the runner once
         # the KV pool exists: cpu/native_layers.py)
         self.native_layers: NativeDecodeLayers | None = None
+        self.step_rows = StepRows()  # the prompt rows of the step in forward, for the int4 projections
 
     @classmethod
     def from_weights(
@@ -87,6 +88,7 @@ class CausalLM(nn.Module):
         weights: str = "fp32",
         progress: Callable[[int, int], None] | None = None,
         row_invariant: bool = True,
+        kernels: KernelPlan | None = None,
     ) -> CausalLM:
         """Build the model from Sluice-named tensors (``models/`` maps and fuses a checkpoint's names).
 
@@ -96,10 +98,12 @@ class CausalLM(nn.Module):
         ``row_invariant`` (CPU): dense matmuls compute each row as in any batch (``model/layers/row_invariant.py``;
         False: as the call's row count picks). Consumes
         ``tensors`` (the dict is emptied, one tensor at a time) so that no second
-        copy of the weights stays alive.
+        copy of the weights stays alive. ``kernels``: the engine's plan, which the layers follow (None: each
+        takes what this machine has).
         """
         from sluice.engines.llm.model.families.family_registry import family_named
 
+        scales_only = None if kernels is None else kernels.int4_scales_only
         if torch.device(device).type != "cpu":
             if weights not in ("auto", "fp32"):
                 raise ValueError(f"weights: {weights} packs weights for the CPU; on {device} use weights: auto "
@@ -131,7 +135,7 @@ class CausalLM(nn.Module):
             module_name, _, param = name.rpartition(".")
             role = _ROLES.get(module_name, "linear")
             if param == "weight" and isinstance(model.get_submodule(module_name), Stacked):  # experts
-                experts = _expert_forms(source, weights)
+                experts = expert_forms(source, weights, scales_only)
                 if experts is not None:
                     packed_experts[module_name] = experts
                     continue
@@ -141,7 +145,7 @@ class CausalLM(nn.Module):
             assert not isinstance(source, ExpertRows), f"{name}: stacked experts for a module that is not"
             if param == "weight" and isinstance(model.get_submodule(module_name), (nn.Linear, nn.Embedding)):
                 if cfg.tie_word_embeddings and module_name == "embed_tokens":
-                    packed.update(_tied(source, weights))
+                    packed.update(tied_forms(source, weights, scales_only))
                     if rescores_head(source, weights):
                         table = packed["embed_tokens"]
                         exact_head = table if isinstance(table, GGUFRows) else None
@@ -149,7 +153,7 @@ class CausalLM(nn.Module):
                 form = choose_form(role, source, weights)
                 if form != "float":
                     rescored = role == "lm_head" and rescores_head(source, weights)
-                    packed[module_name] = materialize(source, form, ranks=rescored)
+                    packed[module_name] = materialize(source, form, ranks=rescored, scales_only=scales_only)
                     if rescored:
                         exact_head = materialize(source, "gguf")  # type: ignore[assignment]
                     continue
@@ -177,7 +181,7 @@ class CausalLM(nn.Module):
                 finish()
         for module_name, weight in packed.items():
             if not isinstance(weight, torch.Tensor):
-                _swap_in(model, module_name, weight, dtype)
+                swap_in(model, module_name, weight, dtype, model.step_rows)
         if exact_head is not None:
             model.lm_head = RescoredHead(model.lm_head, exact_head)  # type: ignore[assignment]
         if torch.device(device).type == "cpu":
@@ -188,7 +192,16 @@ class CausalLM(nn.Module):
             model.rope_sin.append(sin.to(device, dtype))
         if cfg.embed_scale is not None:
             model.embed_scale = torch.tensor(cfg.embed_scale).to(device=device, dtype=dtype)
+        if kernels is not None:
+            model.use_kernels(kernels)
         return model.eval().requires_grad_(False)
+
+    def use_kernels(self, plan: KernelPlan) -> None:
+        """Hand the engine's kernel plan to every layer that chooses a kernel (those with ``use_kernels``)."""
+        for module in self.modules():
+            use = getattr(module, "use_kernels", None) if module is not self else None
+            if use is not None:
+                use(plan)
 
     def set_rotary_dtype(self, dtype: torch.dtype) -> None:
         """Keep the cos/sin tables in ``dtype``: the KV pool's, when packed projections hand bf16 queries and
@@ -208,7 +221,16 @@ class CausalLM(nn.Module):
         kv_caches: list[KVCache],  # one per layer
         meta: AttentionMetadata,
         logits_indices: torch.Tensor,  # (num_samples,) int64 rows whose next-token logits are needed
+        dense_rows: RowSplit | None = None,  # prompt rows through the int4 projections' dense path
     ) -> torch.Tensor:  # (num_samples, vocab) float32
+        self.step_rows.split = dense_rows
+        try:
+            return self._forward(input_ids, positions, kv_caches, meta, logits_indices)
+        finally:
+            self.step_rows.split = None
+
+    def _forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[KVCache],
+                 meta: AttentionMetadata, logits_indices: torch.Tensor) -> torch.Tensor:  # fmt: skip
         h = self.embed_tokens(input_ids)  # (num_tokens, hidden)
         if self.embed_scale is not None:
             h = h * self.embed_scale
@@ -221,7 +243,7 @@ class CausalLM(nn.Module):
                 rows = positions + meta.long_rope * self.long_rope_offset
             rotary.append((cos[rows].unsqueeze(1), sin[rows].unsqueeze(1)))  # (num_tokens, 1, rotary_dim)
         native = self.native_layers
-        if native is not None and native.applies(h, meta, kv_caches, rotary[0][0]):
+        if native is not None and self.step_rows.split is None and native.applies(h, meta, kv_caches, rotary[0][0]):
             h = native(h, *rotary[0], meta)  # the same arithmetic as the loop below, in one call
         else:
             for layer, kv_cache, table in zip(self.layers, kv_caches, self.layer_rope, strict=True):
@@ -247,42 +269,3 @@ class CausalLM(nn.Module):
 LlamaModel = CausalLM  # the name before other families were added
 
 _ROLES: dict[str, Role] = {"lm_head": "lm_head", "embed_tokens": "embedding"}
-
-
-def _tied(source: Source, weights: str) -> dict[str, Materialized]:
-    """The LM head and embedding table of a tied model from their one matrix: one dense float tensor for
-    both (``embed_tokens``; the LM head is tied to it after loading), one packed matrix for both where its
-    form can be gathered, else each in its own form."""
-    head = choose_form("lm_head", source, weights)
-    table = choose_form("embedding", source, weights)
-    if head == table == "float":
-        return {"embed_tokens": materialize(source, "float")}
-    lm_head = materialize(source, head, ranks=rescores_head(source, weights))
-    if head == table and gatherable(lm_head):
-        return {"lm_head": lm_head, "embed_tokens": lm_head}
-    return {"lm_head": lm_head, "embed_tokens": materialize(source, table)}
-
-
-def _expert_forms(source: Loaded, weights: str) -> list[PackedWeight] | None:
-    """Each expert of a stacked ``(experts, out, in)`` weight in its packed form, or None to keep it float (the
-    form of a linear layer's matrix of the same kind, ``quant/policy.py``)."""
-    experts: list[torch.Tensor | GGUFRows] = (list(source.experts) if isinstance(source, ExpertRows)
-                                               else list(source.unbind(0)))  # type: ignore[union-attr]  # fmt: skip
-    form = choose_form("linear", experts[0], weights)
-    if form == "float":
-        return None
-    return [materialize(e, form) for e in experts]  # type: ignore[misc]
-
-
-def _swap_in(model: nn.Module, module_name: str, weight: Materialized, dtype: torch.dtype) -> None:
-    """Replace the ``nn.Linear`` / ``nn.Embedding`` at ``module_name`` by its packed counterpart."""
-    parent_name, _, attr = module_name.rpartition(".")
-    parent = model.get_submodule(parent_name) if parent_name else model
-    old = getattr(parent, attr)
-    if isinstance(old, nn.Embedding):
-        assert not isinstance(weight, torch.Tensor)
-        setattr(parent, attr, QuantizedEmbedding(weight, dtype))
-        return
-    assert not isinstance(weight, (torch.Tensor, GGUFRows))
-    bias = old.bias if old.bias is not None and old.bias.device.type != "meta" else None
-    setattr(parent, attr, QuantizedLinear(weight, bias, routes_rows=module_name != "lm_head"))

@@ -13,13 +13,13 @@ Per-model extras of the step: the CPU attention plan gets masks for each sliding
 layers; for LongRoPE models the rows of requests longer than ``ModelConfig.long_rope_switch_len`` are
 marked for the long-factor rotary table (the scheduler recomputes a request's KV once when it grows past it).
 With int4 projections the rows that are prompt positions are named for their dense bf16 path
-(``model/layers/quantized.py``: ``dense_rows``), decided per row, so a prompt's numbers do not depend on its batch.
+(``CausalLM.forward``'s ``dense_rows``), decided per row, so a prompt's numbers do not depend on its batch.
+Which kernels compute is the engine's :class:`~sluice.engines.llm.kernel_plan.KernelPlan`, fixed at start.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable
 
 import torch
@@ -31,13 +31,13 @@ from sluice.engines.llm.core.scheduler_output import ScheduledRequest
 from sluice.engines.llm.core.speculation import accept_drafts
 from sluice.engines.llm.cpu import native_cpu
 from sluice.engines.llm.cpu.native_layers import NativeDecodeLayers
+from sluice.engines.llm.kernel_plan import KernelPlan
 from sluice.engines.llm.model.attention import AttentionMetadata, plan_cpu_attention
 from sluice.engines.llm.model.causal_lm import CausalLM, KVCache
 from sluice.engines.llm.model.layers.quantized import (
     PACKED_MODULES,
     QuantizedLinear,
     RowSplit,
-    dense_rows,
     describe_forms,
 )
 from sluice.engines.llm.model.sampling import Sampler, SamplingRow
@@ -45,7 +45,6 @@ from sluice.engines.llm.quant.gguf_rows import Loaded
 from sluice.engines.llm.structured.bitmask import TokenBitmask
 
 log = logging.getLogger(__name__)
-DENSE_PROMPTS_ENV = "SLUICE_INT4_DENSE_PROMPTS"
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -87,14 +86,17 @@ class ModelRunner:
         tensors: dict[str, Loaded],
         engine_config: EngineConfig,
         max_model_len: int,
+        kernels: KernelPlan,
         progress: Callable[[int, int], None] | None = None,
     ) -> None:
-        """``progress(done, total)``: called after each tensor converted (the start log's progress lines)."""
+        """``kernels``: the engine's plan. ``progress(done, total)``: called after each tensor converted (the
+        start log's progress lines)."""
         self.device, self.dtype = resolve_device_dtype(engine_config)
+        self.kernels = kernels
         self.block_size = engine_config.block_size
         self.model = CausalLM.from_weights(model_config, tensors, max_model_len, self.dtype, self.device,
                                            engine_config.weights, progress=progress,
-                                           row_invariant=engine_config.deterministic)  # fmt: skip
+                                           row_invariant=engine_config.deterministic, kernels=kernels)  # fmt: skip
         self.has_packed_weights = any(isinstance(m, PACKED_MODULES) for m in self.model.modules())
         self.kv_dtype = kv_cache_dtype(engine_config, self.dtype, self.has_packed_weights, self.device)
         if self.has_packed_weights and self.kv_dtype == torch.bfloat16:
@@ -102,19 +104,17 @@ class ModelRunner:
         if self.has_packed_weights:
             log.info("llm weights %s: %s; KV pool %s", engine_config.weights, describe_forms(self.model),
                      str(self.kv_dtype).removeprefix("torch."))  # fmt: skip
-        # int4 projections take prompt rows through a dense bf16 GEMM (model/layers/quantized.py: dense_rows) where
-        # Sluice's own int4 kernel is not built: torch's costs more than the GEMM at a prompt's rows, Sluice's
+        # int4 projections take prompt rows through a dense bf16 GEMM (model/layers/quantized.py) where
+        # Sluice's own int4 kernel is not used: torch's costs more than the GEMM at a prompt's rows, Sluice's
         # is as fast as the GEMM at hundreds of rows and far faster below (bench/int4_matmul.py), so with it
-        # every row takes the kernel. SLUICE_INT4_DENSE_PROMPTS=1 forces the dense path, =0 keeps every row on the kernel.
-        mode = os.environ.get(DENSE_PROMPTS_ENV, "auto")
-        dense = mode == "1" or (mode != "0" and not native_cpu.int4_matmul_usable())
-        self.routes_prompt_rows = dense and any(
+        # every row takes the kernel (kernels.int4_dense_prompts: on / off force either).
+        self.routes_prompt_rows = kernels.dense_prompts and any(
             isinstance(m, QuantizedLinear) and m.routes_rows for m in self.model.modules())
-        self.sampler = Sampler(engine_config.seed)
+        self.sampler = Sampler(engine_config.seed, kernels.attention)
         self.deterministic = engine_config.deterministic
         # CPU: attention planned once per step (attention.py); otherwise the kernels' ops, fed padded
-        # block tables. Tests switch this off on the CPU to run the kernel path's plumbing.
-        self.use_cpu_attention_plan = self.device.type == "cpu"
+        # block tables (kernels.cpu_attention: paged runs that plumbing on the CPU)
+        self.cpu_attention_plan = kernels.cpu_attention_plan
         cfg = model_config
         self.group = cfg.num_heads // cfg.num_kv_heads  # query heads per KV head
         self.windows = tuple(sorted({w for w in cfg.sliding_windows if w is not None}))  # for the CPU plan
@@ -135,7 +135,7 @@ class ModelRunner:
             dtype=self.kv_dtype, device=self.device,
         )  # fmt: skip
         self.kv_caches: list[KVCache] = [(self.kv_pool[i, 0], self.kv_pool[i, 1]) for i in range(cfg.num_layers)]
-        if self.device.type == "cpu" and self.has_packed_weights:
+        if kernels.native_decode_layers and self.has_packed_weights:
             self.model.native_layers = NativeDecodeLayers.of(list(self.model.layers), self.model.layer_rope,
                                                              self.kv_caches)  # fmt: skip
 
@@ -212,25 +212,27 @@ class ModelRunner:
             slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
             query_start_loc=torch.tensor([0, *_cumsum(query_lens)], dtype=torch.int32, device=dev),
             seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
-            block_tables=torch.empty(0) if self.use_cpu_attention_plan else self._block_table_tensor(tables),
+            block_tables=torch.empty(0) if self.cpu_attention_plan else self._block_table_tensor(tables),
             max_seq_len=max(seq_lens),
             fixed_tiles=self.deterministic,
+            kernel_path=self.kernels.attention,
         )
         if any(long_rope):
             meta.long_rope = torch.tensor(long_rope, dtype=torch.int64, device=dev)
-        if self.use_cpu_attention_plan:
+        if self.cpu_attention_plan:
             # batch-invariant attention, where the native kernel computes every layer's (not sinks: gpt-oss)
-            per_row = (self.kv_dtype in native_cpu.DTYPES and not self.model.config.attention_sinks
-                       and native_cpu.usable())  # fmt: skip
-            meta.cpu_plan = plan_cpu_attention(query_lens, seq_lens, tables, bs, self.group, self.windows, per_row)
-        with dense_rows(RowSplit.of(prompt_row)):
-            logits = self.model(
-                torch.tensor(input_ids, dtype=torch.int64, device=dev),
-                torch.tensor(positions, dtype=torch.int64, device=dev),
-                self.kv_caches,
-                meta,
-                torch.tensor(logits_rows, dtype=torch.int64, device=dev),
-            )  # (num_sampled, vocab) float32
+            native = self.kernels.native_cpu and self.kv_dtype in native_cpu.DTYPES
+            per_row = native and not self.model.config.attention_sinks
+            meta.cpu_plan = plan_cpu_attention(query_lens, seq_lens, tables, bs, self.group, self.windows, per_row,
+                                               native)  # fmt: skip
+        logits = self.model(
+            torch.tensor(input_ids, dtype=torch.int64, device=dev),
+            torch.tensor(positions, dtype=torch.int64, device=dev),
+            self.kv_caches,
+            meta,
+            torch.tensor(logits_rows, dtype=torch.int64, device=dev),
+            RowSplit.of(prompt_row),
+        )  # (num_sampled, vocab) float32
         if not sampled_requests:
             return {}
         out = self.sampler.sample(logits, sampling, token_bitmask)

@@ -55,7 +55,9 @@ def seed_for(seed: int, step_index: int) -> int:
 class Sampler:
     """Stateless apart from the generator of unseeded rows."""
 
-    def __init__(self, seed: int = 0) -> None:
+    def __init__(self, seed: int = 0, kernel_path: str | None = None) -> None:
+        """``kernel_path``: the engine's ``KernelPlan.attention``, which the grammar masks follow too."""
+        self.kernel_path = kernel_path
         self._generator = torch.Generator(device="cpu")
         self._generator.manual_seed(seed)
         self._row_generator = torch.Generator(device="cpu")
@@ -69,7 +71,7 @@ class Sampler:
         if token_bitmask is not None:
             if any(r.params.logprobs for r in rows):
                 logits = logits.clone()  # log-probs stay those of the model's raw distribution
-            apply_token_bitmask_(logits, token_bitmask)
+            apply_token_bitmask_(logits, token_bitmask, self.kernel_path)
         num_rows = logits.shape[0]
         token_ids = torch.empty(num_rows, dtype=torch.int64, device=logits.device)
         greedy = [i for i, r in enumerate(rows) if r.params.temperature == 0.0]

@@ -30,7 +30,6 @@ Layouts:
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable, Iterator
 from typing import Protocol
 
@@ -41,7 +40,6 @@ from sluice.engines.llm.model.layers.row_invariant import row_invariant_rows
 from sluice.engines.llm.quant.gguf_blocks import GROUP, affine_int4
 from sluice.engines.llm.quant.gguf_rows import GGUFRows
 
-SCALES_ONLY_ENV = "SLUICE_INT4_SCALES_ONLY"
 COMPUTE_DTYPE = torch.bfloat16  # what the packed CPU kernels take as activations, scales and zero points
 # Rows converted at a time: bounds the int32 / float32 temporaries of a large matrix. The int4 layout packs
 # tiles of 64 rows together, so chunks must be a multiple of 64 for their packings to concatenate.
@@ -63,10 +61,10 @@ class PackedWeight(Protocol):
     def nbytes(self) -> int: ...
 
 
-def scales_only() -> bool:
-    """Whether int4 weights whose zero points are all 0 keep their scales only: where Sluice's int4 kernel
-    runs (torch's takes pairs) and ``SLUICE_INT4_SCALES_ONLY`` is not ``0`` (benchmarks compare the two)."""
-    return os.environ.get(SCALES_ONLY_ENV, "1") != "0" and native_cpu.int4_matmul_usable()
+def default_scales_only() -> bool:
+    """Whether int4 weights whose zero points are all 0 keep their scales only, unless told: where Sluice's
+    int4 kernel is built (torch's takes pairs). The engine says it from its plan (``kernels.int4_scales_only``)."""
+    return native_cpu.int4_matmul_available()
 
 
 def row_chunks(source: torch.Tensor | GGUFRows) -> Iterator[torch.Tensor]:
@@ -149,6 +147,9 @@ class Int4Weight:
         self.scale_zero = scale_zero  # (K / 32, N_padded, 2) bf16, or (K / 32, N_padded, 1): zero points all 0
         self.out_features = out_features
         self.in_features = packed.shape[1] * 2
+        # Sluice's int4 kernel (cpu/native/int4_matmul.cpp) where built, else torch's; the engine sets it
+        # from its plan (kernels.int4_matmul)
+        self.native = native_cpu.int4_matmul_available()
 
     @staticmethod
     def supports(shape: tuple[int, int]) -> bool:
@@ -156,24 +157,29 @@ class Int4Weight:
         return shape[1] % GROUP == 0
 
     @classmethod
-    def from_affine(cls, q: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor) -> Int4Weight:
-        """``w = q * scale + offset`` per group (``q`` ``(N, K)`` in 0..15, the others ``(N, K / 32)``)."""
-        return cls._pack([(q, scale, offset)], q.shape[0], q.shape[1])
+    def from_affine(cls, q: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor,
+                    scales_only: bool | None = None) -> Int4Weight:  # fmt: skip
+        """``w = q * scale + offset`` per group (``q`` ``(N, K)`` in 0..15, the others ``(N, K / 32)``).
+        ``scales_only`` (here and below): keep only the scales where every zero point is 0 (None:
+        :func:`default_scales_only`)."""
+        return cls._pack([(q, scale, offset)], q.shape[0], q.shape[1], scales_only)
 
     @classmethod
-    def from_gguf(cls, rows: GGUFRows) -> Int4Weight:
+    def from_gguf(cls, rows: GGUFRows, scales_only: bool | None = None) -> Int4Weight:
         """Repack a Q4_0 / Q4_1 / Q4_K tensor (its quants as they are), chunk by chunk."""
         parts = (affine_int4(rows.tensor_type, rows.read(start, min(start + _PACK_ROWS, rows.num_rows)))
                  for start in range(0, rows.num_rows, _PACK_ROWS))  # fmt: skip
-        return cls._pack(parts, rows.num_rows, rows.shape[1])
+        return cls._pack(parts, rows.num_rows, rows.shape[1], scales_only)
 
     @classmethod
-    def quantize(cls, source: torch.Tensor | GGUFRows, symmetric: bool = False) -> Int4Weight:
+    def quantize(cls, source: torch.Tensor | GGUFRows, symmetric: bool = False,
+                 scales_only: bool | None = None) -> Int4Weight:  # fmt: skip
         """Int4 of a float matrix (or a GGUF tensor's values). Asymmetric: each group's [min, max] onto
         0..15, as GGUF's Q4_1 does. ``symmetric``: ``q - 8`` in -8..7 times one scale per group, no zero point,
         as Q4_0 does -- a step about 7 % coarser for a tenth fewer bytes read (for an LM head that ranks).
-        Symmetric is asymmetric where scales-only weights are not kept (:func:`scales_only`)."""
-        symmetric = symmetric and scales_only()
+        Symmetric is asymmetric where scales-only weights are not kept."""
+        scales_only = default_scales_only() if scales_only is None else scales_only
+        symmetric = symmetric and scales_only
 
         def parts() -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
             for chunk in row_chunks(source):
@@ -188,11 +194,11 @@ class Int4Weight:
                 q = torch.round((g - lo.unsqueeze(-1)) / safe.unsqueeze(-1)).clamp_(0, 15).to(torch.uint8)
                 yield q.reshape(g.shape[0], -1), scale, lo
 
-        return cls._pack(parts(), source.shape[0], source.shape[1])
+        return cls._pack(parts(), source.shape[0], source.shape[1], scales_only)
 
     @classmethod
     def _pack(cls, parts: Iterable[tuple[torch.Tensor, torch.Tensor, torch.Tensor]], num_rows: int,
-              in_features: int) -> Int4Weight:  # fmt: skip
+              in_features: int, scales_only: bool | None) -> Int4Weight:  # fmt: skip
         """Pack ``(q, scale, offset)`` row chunks (each a multiple of 64 rows but the last: _PACK_ROWS) into
         buffers of the final size, one chunk at a time: nothing but the result and one chunk's temporaries is
         ever held (collecting the chunks and joining them once held the matrix about three times over)."""
@@ -214,12 +220,14 @@ class Int4Weight:
             row += n + pad
         if row != padded:
             raise ValueError(f"packed {row} rows of {padded}: the chunks do not add up to the matrix")
-        if scales_only() and not scale_zero[..., 1].any():  # every zero point 0: keep the scales only
+        if scales_only is None:
+            scales_only = default_scales_only()
+        if scales_only and not scale_zero[..., 1].any():  # every zero point 0: keep the scales only
             scale_zero = scale_zero[..., :1].contiguous()
         return cls(packed, scale_zero, num_rows)
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        if native_cpu.int4_matmul_usable():  # the same layout, faster (cpu/native/int4_matmul.cpp)
+        if self.native:  # the same layout, faster (cpu/native/int4_matmul.cpp)
             y = native_cpu.int4_matmul(_to_compute(x).contiguous(), self.packed, self.scale_zero)
         else:
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(_to_compute(x), self.packed, GROUP, self.pairs())

@@ -67,10 +67,11 @@ def choose_form(role: Role, source: Source, mode: str) -> Form:
     return int4 if source.tensor_type in INT4_EXACT_TYPES else "int8"
 
 
-def materialize(source: Source, form: Form, ranks: bool = False) -> Materialized:
+def materialize(source: Source, form: Form, ranks: bool = False, scales_only: bool | None = None) -> Materialized:
     """``source`` in ``form``: a float32 tensor for ``float`` (the model casts it), else packed. ``ranks``: the
     matrix only ranks candidates that are then rescored (``rescores_head``), so int4 quantised from values is
-    symmetric: no zero points, a tenth fewer bytes read per step for a step about 7 % coarser."""
+    symmetric: no zero points, a tenth fewer bytes read per step for a step about 7 % coarser.
+    ``scales_only``: int4 keeps only scales where its zero points are 0 (``Int4Weight``; None: its default)."""
     if form == "float":
         return source.to_float() if isinstance(source, GGUFRows) else source.float()
     if form == "gguf":
@@ -79,8 +80,8 @@ def materialize(source: Source, form: Form, ranks: bool = False) -> Materialized
         return source.loaded()
     if form == "int4":
         if isinstance(source, GGUFRows) and source.tensor_type in INT4_EXACT_TYPES:
-            return Int4Weight.from_gguf(source)
-        return Int4Weight.quantize(source, symmetric=ranks)
+            return Int4Weight.from_gguf(source, scales_only)
+        return Int4Weight.quantize(source, symmetric=ranks, scales_only=scales_only)
     if form == "int8":
         return Int8Weight.quantize(source)
     return DenseWeight.convert(source)

@@ -6,7 +6,7 @@ requests have no mask and are left alone. :func:`apply_token_bitmask_` sets the 
 to ``-inf`` in place, so greedy takes the best *allowed* token and sampling renormalises over the allowed
 ones; an allowed token's logit is never changed, so where the model's argmax is allowed it stays the argmax.
 
-Paths, chosen like the attention kernels' (``SLUICE_KERNELS`` forces one): ``torch`` (vectorised unpacking,
+Paths, the attention kernels' (``kernels.attention``, passed by the sampler): ``torch`` (vectorised unpacking,
 the CPU path and the reference), ``triton`` (one kernel launch over rows x vocabulary blocks, for CUDA;
 also under ``TRITON_INTERPRET=1`` on the CPU).
 """
@@ -26,10 +26,11 @@ class TokenBitmask:
     rows: torch.Tensor  # (num_masked_rows,) int64, CPU: logits row of each mask
 
 
-def apply_token_bitmask_(logits: torch.Tensor, mask: TokenBitmask) -> None:
+def apply_token_bitmask_(logits: torch.Tensor, mask: TokenBitmask, path: str | None = None) -> None:
     """Set ``logits[mask.rows[i], t] = -inf`` for every token ``t`` not allowed by ``mask.bitmask[i]``.
 
     ``logits``: (num_rows, vocab) float, any device; vocabulary columns past the mask's words are disallowed.
+    ``path``: ``triton`` or another kernel path (None: the default for the logits' device).
     """
     if mask.bitmask.shape[0] == 0:
         return
@@ -37,7 +38,7 @@ def apply_token_bitmask_(logits: torch.Tensor, mask: TokenBitmask) -> None:
     rows = mask.rows.to(logits.device, non_blocking=True)
     from sluice.engines.llm.kernels import kernel_path
 
-    if kernel_path(logits) == "triton":
+    if (path or kernel_path(logits)) == "triton":
         from sluice.engines.llm.structured.triton_bitmask import apply_token_bitmask_triton
 
         apply_token_bitmask_triton(logits, bitmask, rows)

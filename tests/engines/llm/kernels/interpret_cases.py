@@ -28,6 +28,10 @@ from tests.engines.llm.conftest import FAMILY_NEW_TOKENS, family_prompts  # noqa
 
 TOLERANCES = {torch.float32: 2e-5, torch.float16: 4e-3}
 
+# the path CUDA takes: the Triton kernels fed padded block tables, per layer; torch's ops elsewhere (the
+# native CPU kernels are not what these cases test, and building them is not the interpreter's business)
+THROUGH_TRITON = {"attention": "triton", "cpu_attention": "paged", "native_cpu": False}
+
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
 @pytest.mark.parametrize("layout", LAYOUTS + WINDOWED_LAYOUTS, ids=lambda layout: layout.name)
@@ -54,12 +58,10 @@ def test_attention_sinks_match_reference(layout: Layout, dtype: torch.dtype) -> 
     torch.testing.assert_close(got, expected, atol=tol, rtol=tol)
 
 
-def test_dispatch_forced_to_triton_runs_the_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("SLUICE_KERNELS", "triton")
+def test_dispatch_to_triton_runs_the_kernel() -> None:
     batch = make_batch(LAYOUTS[0], num_blocks=64)
-    assert kernels.kernel_path(batch.query) == "triton"
-    torch.testing.assert_close(kernels.paged_attention(*batch.args()), reference.paged_attention(*batch.args()),
-                               atol=2e-5, rtol=2e-5)
+    got = kernels.paged_attention(*batch.args(), path="triton")
+    torch.testing.assert_close(got, reference.paged_attention(*batch.args()), atol=2e-5, rtol=2e-5)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
@@ -112,32 +114,26 @@ def test_moe_grouped_matmul_matches_reference(
 
 @pytest.mark.parametrize("family", ["gemma2", "mistral", "qwen3_moe", "gpt_oss"])
 def test_engine_through_the_kernels_equals_hf(family: str, tiny_family_dir: Callable[..., Path],
-                                              hf_greedy: Callable[..., list[list[int]]],
-                                              monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+                                              hf_greedy: Callable[..., list[list[int]]]) -> None:  # fmt: skip
     """Sliding windows (Mistral: every layer; Gemma 2: alternate layers), Gemma 2's soft-capped scores,
     Qwen3-MoE's experts, gpt-oss's sinks and biased experts, through the Triton kernels end to end: greedy
     tokens equal HF's, speculative verifies included."""
-    monkeypatch.setenv("SLUICE_KERNELS", "triton")
     llm = LLM(tiny_family_dir(family), enable_prefix_caching=False, num_speculative_tokens=2,
-              speculative_adaptive=False)  # fmt: skip
-    llm.runner.use_cpu_attention_plan = False  # the path CUDA takes: padded block tables, kernels per layer
+              speculative_adaptive=False, kernels=THROUGH_TRITON)  # fmt: skip
     prompts = family_prompts(llm.model_config.vocab_size)[:4]  # 5-37 tokens: the interpreter is slow
     outputs = llm.generate(prompts, SamplingParams(max_tokens=FAMILY_NEW_TOKENS, ignore_eos=True))
     assert [o.token_ids for o in outputs] == hf_greedy(family)[:4]
     assert llm.stats.num_draft_tokens > 0
 
 
-def test_engine_through_the_kernels_answers_each_prompt_as_alone(tiny_family_dir: Callable[..., Path],
-                                                                 monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_engine_through_the_kernels_answers_each_prompt_as_alone(tiny_family_dir: Callable[..., Path]) -> None:
     """A tiny Llama through the Triton kernels (attention with ``fixed_tiles``, the engine's default): every
     prompt's greedy tokens and log-probabilities in a batch of four equal those of the prompt alone. (Chunked
     prefill moves a row to another row of its attention tile; the interpreter's dot is numpy's BLAS, whose sums
     depend on that, so only a GPU can check chunking there.)"""
-    monkeypatch.setenv("SLUICE_KERNELS", "triton")
     prompts = family_prompts(256)[:4]
     params = SamplingParams(max_tokens=8, ignore_eos=True, logprobs=True)
-    llm = LLM(tiny_family_dir("llama"), enable_prefix_caching=False)
-    llm.runner.use_cpu_attention_plan = False
+    llm = LLM(tiny_family_dir("llama"), enable_prefix_caching=False, kernels=THROUGH_TRITON)
     together = [(o.token_ids, o.logprobs) for o in llm.generate(prompts, params)]
     alone = [(o.token_ids, o.logprobs) for p in prompts for o in llm.generate([p], params)]
     assert together == alone

@@ -1,4 +1,4 @@
-"""Dispatch in kernels/__init__.py: which path runs, and the SLUICE_KERNELS override."""
+"""Dispatch in kernels/__init__.py: which path runs by default, and a path the engine's plan names."""
 
 from __future__ import annotations
 
@@ -10,23 +10,11 @@ from sluice.engines.llm.kernels import reference
 from sluice.engines.llm.kernels.synthetic import Layout, make_batch
 
 
-@pytest.fixture(autouse=True)
-def _no_override(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("SLUICE_KERNELS", raising=False)
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-
-
 def test_cpu_tensors_take_the_torch_path() -> None:
     assert kernels.kernel_path(torch.zeros(1)) == "torch"
 
 
-@pytest.mark.parametrize("path", ["torch", "reference", " Reference "])
-def test_override_selects_the_path(monkeypatch: pytest.MonkeyPatch, path: str) -> None:
-    monkeypatch.setenv("SLUICE_KERNELS", path)
-    assert kernels.kernel_path(torch.zeros(1)) == path.strip().lower()
-
-
-def test_reference_override_actually_runs_the_reference(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_named_path_runs_that_path(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[int] = []
     real = reference.paged_attention
 
@@ -36,24 +24,14 @@ def test_reference_override_actually_runs_the_reference(monkeypatch: pytest.Monk
 
     monkeypatch.setattr(reference, "paged_attention", spy)
     kernels._load.cache_clear()
-    monkeypatch.setenv("SLUICE_KERNELS", "reference")
+    batch = make_batch(Layout((1,), (5,), 2, 1, 16), num_blocks=4)
     try:
-        kernels.paged_attention(*make_batch(Layout((1,), (5,), 2, 1, 16), num_blocks=4).args())
+        kernels.paged_attention(*batch.args())  # the default: torch
+        assert calls == []
+        kernels.paged_attention(*batch.args(), path="reference")
     finally:
         kernels._load.cache_clear()
     assert calls == [1]
-
-
-def test_unknown_override_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("SLUICE_KERNELS", "cuda")
-    with pytest.raises(ValueError, match="SLUICE_KERNELS='cuda' is not one of triton, torch, reference"):
-        kernels.kernel_path(torch.zeros(1))
-
-
-def test_triton_override_on_cpu_without_interpreter_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("SLUICE_KERNELS", "triton")
-    with pytest.raises(RuntimeError, match="needs CUDA tensors, or TRITON_INTERPRET=1"):
-        kernels.paged_attention(*make_batch(Layout((1,), (5,), 2, 1, 16), num_blocks=4).args())
 
 
 def test_dispatched_ops_store_then_attend() -> None:

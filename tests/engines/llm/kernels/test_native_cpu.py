@@ -25,8 +25,7 @@ from sluice.engines.llm.model.attention import (
 
 
 def test_the_kernel_builds_on_this_machine() -> None:
-    assert native_cpu.enabled()
-    assert native_cpu.load() is not None
+    assert native_cpu.load() is not None and native_cpu.usable()
 
 
 def _decode_step(lens: list[int], num_heads: int, num_kv_heads: int, head_dim: int, block_size: int,
@@ -48,7 +47,7 @@ def _decode_step(lens: list[int], num_heads: int, num_kv_heads: int, head_dim: i
 
 
 def _meta(lens: list[int], tables: list[list[int]], slots: torch.Tensor, block_size: int, group: int,
-          window: int | None) -> AttentionMetadata:
+          window: int | None, native: bool = True) -> AttentionMetadata:
     width = max(len(t) for t in tables)
     return AttentionMetadata(
         slot_mapping=slots,
@@ -57,7 +56,7 @@ def _meta(lens: list[int], tables: list[list[int]], slots: torch.Tensor, block_s
         block_tables=torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32),
         max_seq_len=max(lens),
         cpu_plan=plan_cpu_attention([1] * len(lens), lens, tables, block_size, group,
-                                    windows=(window,) if window else ()),
+                                    windows=(window,) if window else (), native=native),
     )  # fmt: skip
 
 
@@ -87,16 +86,15 @@ def test_decode_steps_match_the_reference(lens: list[int], heads: tuple[int, int
 
 
 @pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16], ids=str)
-def test_native_and_torch_paths_agree_on_a_decode_batch(cache_dtype: torch.dtype,
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_native_and_torch_paths_agree_on_a_decode_batch(cache_dtype: torch.dtype) -> None:
     lens = [1, 17, 64, 65, 200, 333]
     step = _decode_step(lens, 9, 3, 64, 16, cache_dtype, seed=1)
     q, k, v, k_cache, v_cache, slots, tables = step
     meta = _meta(lens, tables, slots, 16, 3, None)
     params = AttentionParams(0.125)
     got = store_and_attend(q, k, v, k_cache.clone(), v_cache.clone(), meta, params)
-    monkeypatch.setenv(native_cpu.ENV, "0")
-    torch_path = store_and_attend(q, k, v, k_cache.clone(), v_cache.clone(), meta, params)
+    torch_meta = _meta(lens, tables, slots, 16, 3, None, native=False)
+    torch_path = store_and_attend(q, k, v, k_cache.clone(), v_cache.clone(), torch_meta, params)
     tol = 2e-5 if cache_dtype == torch.float32 else 2e-2  # the torch path attends a bf16 cache in bf16
     torch.testing.assert_close(got, torch_path, rtol=tol, atol=tol)
 
@@ -124,7 +122,7 @@ def test_a_machine_without_a_compiler_keeps_the_torch_path(monkeypatch: pytest.M
         assert "native CPU kernels unavailable (Ninja is required" in caplog.text
         lens = [5, 9]
         q, k, v, k_cache, v_cache, slots, tables = _decode_step(lens, 4, 2, 8, 4, torch.float32, seed=3)
-        meta = _meta(lens, tables, slots, 4, 2, None)
+        meta = _meta(lens, tables, slots, 4, 2, None, native=native_cpu.usable())  # as the engine's plan asks
         ref_k, ref_v = k_cache.clone(), v_cache.clone()
         reference.store_kv(k, v, ref_k, ref_v, slots)
         expected = reference.paged_attention(q, ref_k, ref_v, meta.block_tables, meta.query_start_loc,
@@ -161,7 +159,7 @@ def test_the_llama_norm_module_runs_the_native_kernel(monkeypatch: pytest.Monkey
         out = norm(x)
     assert calls == [1]
     torch.testing.assert_close(out, torch.nn.functional.rms_norm(x, (64,), norm.weight, 1e-6))
-    monkeypatch.setenv(native_cpu.ENV, "0")
+    norm.native = False  # the engine's plan without the native kernels (use_kernels)
     with torch.inference_mode():
         norm(x)
     assert calls == [1]  # switched off: torch's

@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.interpreter import run_interpreted
+from tests.support.interpreter import TIMEOUT_S, run_interpreted
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(TIMEOUT_S + 60)
 def test_triton_kernels_match_reference_under_the_interpreter() -> None:
     pytest.importorskip("triton")
-    run_interpreted(Path(__file__).with_name("interpret_cases.py"), timeout_s=400)
+    run_interpreted(Path(__file__).with_name("interpret_cases.py"))

@@ -1,7 +1,7 @@
 """The native layer stack of decode-only steps (``cpu/native_layers.py``, ``engines/llm/cpu/native/decode_layers.cpp``).
 
 Its promise is to be the module path, only sooner: the same greedy tokens and the same log-probabilities bit
-for bit, with the stack on and off (``SLUICE_NATIVE_LAYERS=0``), on the real SmolLM2 and on tiny models of
+for bit, with the stack on and off (``kernels.native_decode_layers``), on the real SmolLM2 and on tiny models of
 the Llama-shaped families it takes (a sliding window, llama3 rope, partial rotary); and to step aside for
 every model and step it does not compute exactly.
 """
@@ -15,10 +15,11 @@ import pytest
 import torch
 
 from sluice.engines.llm import LLM, SamplingParams
-from sluice.engines.llm.cpu import native_cpu, native_layers
+from sluice.engines.llm.cpu import native_cpu
 
 pytestmark = pytest.mark.usefixtures("needs_native_int4")
 KV = 32 << 20
+_STACKS: dict[int, object] = {}  # an engine's native stack, kept while a test turns it off
 
 
 def _run(llm: LLM, prompts: list[list[int]], monkeypatch: pytest.MonkeyPatch, native: bool,
@@ -27,7 +28,9 @@ def _run(llm: LLM, prompts: list[list[int]], monkeypatch: pytest.MonkeyPatch, na
     calls: list[int] = []
     real = native_cpu.decode_layers
     monkeypatch.setattr(native_cpu, "decode_layers", lambda *a: calls.append(1) or real(*a))
-    monkeypatch.setenv(native_layers.ENV, "1" if native else "0")
+    stack = _STACKS.setdefault(id(llm), llm.runner.model.native_layers)  # built by the engine's plan
+    assert stack is not None
+    monkeypatch.setattr(llm.runner.model, "native_layers", stack if native else None)
     llm.kv.reset_prefix_cache()
     outs = llm.generate(prompts, SamplingParams(max_tokens=tokens, logprobs=True, ignore_eos=True))
     return [(o.token_ids, o.logprobs) for o in outs], len(calls)
@@ -75,7 +78,12 @@ def test_prompt_and_verify_steps_keep_the_modules(smollm2_gguf: Path, monkeypatc
     seen: list[torch.Tensor] = []
     real = native_cpu.decode_layers
     monkeypatch.setattr(native_cpu, "decode_layers", lambda h, *a: seen.append(h) or real(h, *a))
-    monkeypatch.setenv(native_layers.ENV, "1")
     llm.kv.reset_prefix_cache()
     llm.generate([prompt], SamplingParams(max_tokens=1))  # the prompt's step only: nothing decodes
     assert not seen
+
+
+def test_the_plan_leaves_the_stack_out_when_told(smollm2_gguf: Path) -> None:
+    llm = LLM(smollm2_gguf, kv_cache_memory_bytes=KV, kernels={"native_decode_layers": False})
+    assert not llm.kernels.native_decode_layers and llm.runner.model.native_layers is None
+    assert llm.kernels.int4_matmul  # the rest of the plan stands

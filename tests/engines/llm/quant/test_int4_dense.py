@@ -17,8 +17,7 @@ from hypothesis import strategies as st
 
 from sluice.engines.llm import LLM, SamplingParams
 from sluice.engines.llm.cpu import int4_layout, native_cpu
-from sluice.engines.llm.model.layers.quantized import QuantizedLinear, RowSplit, dense_rows
-from sluice.engines.llm.model.model_runner import DENSE_PROMPTS_ENV
+from sluice.engines.llm.model.layers.quantized import QuantizedLinear, RowSplit, StepRows
 from sluice.engines.llm.quant import int4_dense
 from sluice.engines.llm.quant.gguf_blocks import GROUP
 from sluice.engines.llm.quant.packed import Int4Weight
@@ -146,13 +145,15 @@ def test_a_rows_result_does_not_depend_on_the_other_rows(num_rows: int, data: st
 
 def test_a_linear_layer_routes_prompt_rows_and_keeps_the_others_on_the_int4_kernel() -> None:
     w, _ = _weight(128, 96, seed=5)
-    layer = QuantizedLinear(w, None)
-    head = QuantizedLinear(w, None, routes_rows=False)
+    rows = StepRows()
+    layer = QuantizedLinear(w, None, rows=rows)
+    head = QuantizedLinear(w, None)  # the LM head: built without the step's rows
     x = torch.randn(6, 96, generator=torch.Generator().manual_seed(2))
     split = RowSplit.of([True, False, True, True, False, False])
     assert split is not None and RowSplit.of([False] * 3) is None
-    with dense_rows(split):
-        routed, unrouted = layer(x), head(x)
+    rows.split = split  # what CausalLM.forward does for a step's prompt rows
+    routed, unrouted = layer(x), head(x)
+    rows.split = None
     dense, kernel = int4_dense.dense_matmul(w, x), w.matmul(x)
     assert torch.equal(routed[split.dense], dense[split.dense])
     assert torch.equal(routed[split.rest], kernel[split.rest])
@@ -174,36 +175,34 @@ PROMPTS = [
 ]
 
 
-@pytest.mark.parametrize("mode", ["1", "auto"])  # prompt rows dense; the default (the kernel, where it is built)
-def test_prompt_outputs_do_not_depend_on_chunking_or_the_prefix_cache(mode: str, smollm2_gguf: Path,
-                                                                      monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+@pytest.mark.parametrize("mode", ["on", "auto"])  # prompt rows dense; the default (the kernel, where it is built)
+def test_prompt_outputs_do_not_depend_on_chunking_or_the_prefix_cache(mode: str, smollm2_gguf: Path) -> None:
     """Chunked prefill in pieces of 16 tokens (every chunk a few prompt rows beside other requests' decode rows),
     one whole-prompt step each, and a second pass served from the prefix cache: the same tokens with the same
     log-probabilities, bit for bit -- the projections are row-invariant and attention reads every row's keys
     in one order (``attention.py``), so nothing about the batch reaches a row's numbers."""
     params = SamplingParams(max_tokens=6, logprobs=True)
-    monkeypatch.setenv(DENSE_PROMPTS_ENV, mode)
-    chunked = LLM(smollm2_gguf, kv_cache_memory_bytes=32 << 20, max_num_batched_tokens=16)
-    assert chunked.runner.routes_prompt_rows == (mode == "1" or not native_cpu.int4_matmul_usable())
+    dense = {"int4_dense_prompts": mode}
+    chunked = LLM(smollm2_gguf, kv_cache_memory_bytes=32 << 20, max_num_batched_tokens=16, kernels=dense)
+    assert chunked.runner.routes_prompt_rows == (mode == "on" or not native_cpu.int4_matmul_available())
     first = chunked.generate(PROMPTS, params)
     cached = chunked.generate(PROMPTS, params)  # served from the prefix cache
-    whole = LLM(smollm2_gguf, kv_cache_memory_bytes=32 << 20, max_num_batched_tokens=512, enable_prefix_caching=False)
+    whole = LLM(smollm2_gguf, kv_cache_memory_bytes=32 << 20, max_num_batched_tokens=512, enable_prefix_caching=False,
+                kernels=dense)
     alone = [whole.generate([p], params)[0] for p in PROMPTS]  # one request at a time: other step shapes
     for a, b, c in zip(first, cached, alone, strict=True):
         assert a.token_ids == b.token_ids == c.token_ids
         assert a.logprobs == b.logprobs == c.logprobs
 
 
-def test_dense_prompts_agree_with_the_int4_kernel(smollm2_gguf: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_dense_prompts_agree_with_the_int4_kernel(smollm2_gguf: Path) -> None:
     """The dense path changes each weight by one bf16 rounding: the prompt's next token and its log-probability
     stay those of the all-int4 path."""
     params = SamplingParams(max_tokens=1, logprobs=True)
-    monkeypatch.setenv(DENSE_PROMPTS_ENV, "1")
-    dense_llm = LLM(smollm2_gguf, kv_cache_memory_bytes=32 << 20)
+    dense_llm = LLM(smollm2_gguf, kv_cache_memory_bytes=32 << 20, kernels={"int4_dense_prompts": "on"})
     assert dense_llm.runner.routes_prompt_rows
     dense = dense_llm.generate(PROMPTS, params)
-    monkeypatch.setenv(DENSE_PROMPTS_ENV, "0")
-    kernel_llm = LLM(smollm2_gguf, kv_cache_memory_bytes=32 << 20)
+    kernel_llm = LLM(smollm2_gguf, kv_cache_memory_bytes=32 << 20, kernels={"int4_dense_prompts": "off"})
     assert not kernel_llm.runner.routes_prompt_rows
     kernel = kernel_llm.generate(PROMPTS, params)
     for a, b in zip(dense, kernel, strict=True):

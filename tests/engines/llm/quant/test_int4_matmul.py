@@ -9,6 +9,8 @@ so it must sit within one bf16 rounding of that product; torch's own int4 kernel
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -16,7 +18,7 @@ from hypothesis import strategies as st
 
 from sluice.engines.llm.cpu import native_cpu
 from sluice.engines.llm.quant.gguf_blocks import GROUP
-from sluice.engines.llm.quant.packed import SCALES_ONLY_ENV, Int4Weight
+from sluice.engines.llm.quant.packed import Int4Weight
 
 pytestmark = pytest.mark.usefixtures("needs_native_int4")
 
@@ -58,7 +60,7 @@ def test_matmul_is_the_product_within_one_bf16_rounding(rows: int, cols: int, m:
                                                                     w.scale_zero)[:, :rows], want)  # fmt: skip
 
 
-def test_int4_weight_matmul_runs_it_and_the_switch_restores_torchs_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_int4_weight_matmul_runs_it_and_the_plan_can_restore_torchs_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
     w, _ = _weight(200, 128, seed=1)
     x = torch.randn(6, 128, generator=torch.Generator().manual_seed(2))
     native = native_cpu.int4_matmul(x.to(torch.bfloat16).contiguous(), w.packed, w.scale_zero)[:, :200]
@@ -66,7 +68,7 @@ def test_int4_weight_matmul_runs_it_and_the_switch_restores_torchs_kernel(monkey
     real = native_cpu.int4_matmul
     monkeypatch.setattr(native_cpu, "int4_matmul", lambda *a: calls.append(1) or real(*a))
     assert torch.equal(w.matmul(x), native) and calls  # float32 activations go in as bf16, padding rows cut
-    monkeypatch.setenv(native_cpu.INT4_MATMUL_ENV, "0")
+    w.native = False  # what the engine sets from kernels.int4_matmul: torch
     calls.clear()
     torch_kernel = torch.ops.aten._weight_int4pack_mm_for_cpu(x.to(torch.bfloat16), w.packed, GROUP, w.scale_zero)
     assert torch.equal(w.matmul(x), torch_kernel[:, :200]) and not calls
@@ -123,19 +125,32 @@ def test_zero_points_of_0_are_not_kept_and_the_results_are_the_same_bit_for_bit(
     _assert_one_rounding(scales_only[:, :rows], _product(x, values))
 
 
-def test_scales_only_fall_back_to_torchs_kernel_when_it_is_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_scales_only_fall_back_to_torchs_kernel_when_it_is_turned_off() -> None:
     w, values = _q4_0_weight(200, 128, seed=5)
+    assert w.scale_zero.shape[2] == 1
     x = torch.randn(3, 128, generator=torch.Generator().manual_seed(6))
-    monkeypatch.setenv(native_cpu.INT4_MATMUL_ENV, "0")
+    w.native = False
     _assert_one_rounding(w.matmul(x), _product(x, values))
-    assert Int4Weight.from_affine(*_q4_0_args(64, 64)).scale_zero.shape[2] == 2  # packed while it is off: pairs
 
 
-def test_the_switch_keeps_zero_points_of_0(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(SCALES_ONLY_ENV, "0")
-    w = Int4Weight.from_affine(*_q4_0_args(64, 64))
+def test_without_scales_only_zero_points_of_0_are_kept() -> None:
+    w = Int4Weight.from_affine(*_q4_0_args(64, 64), scales_only=False)
     assert w.scale_zero.shape[2] == 2 and not w.scale_zero[..., 1].any()
-    assert Int4Weight.quantize(torch.randn(64, 64) + 1, symmetric=True).scale_zero[..., 1].any()  # asymmetric
+    assert Int4Weight.quantize(torch.randn(64, 64) + 1, symmetric=True, scales_only=False
+                               ).scale_zero[..., 1].any()  # asymmetric  # fmt: skip
+
+
+def test_the_engine_packs_as_its_plan_says(smollm2_gguf: Path) -> None:
+    from sluice.engines.llm import LLM
+    from sluice.engines.llm.model.layers.quantized import QuantizedLinear
+
+    def forms(llm: LLM) -> set[tuple[int, bool]]:
+        return {(m.packed.scale_zero.shape[2], m.packed.native) for m in llm.runner.model.modules()
+                if isinstance(m, QuantizedLinear) and isinstance(m.packed, Int4Weight)}  # fmt: skip
+
+    assert (1, True) in forms(LLM(smollm2_gguf, kv_cache_memory_bytes=8 << 20))  # its Q4_0 tensors: scales only
+    assert forms(LLM(smollm2_gguf, kv_cache_memory_bytes=8 << 20, kernels={"int4_scales_only": False})) == {(2, True)}
+    assert forms(LLM(smollm2_gguf, kv_cache_memory_bytes=8 << 20, kernels={"int4_matmul": "torch"})) == {(2, False)}
 
 
 def _q4_0_args(rows: int, cols: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

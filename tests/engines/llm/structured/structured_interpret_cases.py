@@ -1,8 +1,8 @@
 """The bitmask kernel and constrained decoding through the Triton kernels, under the Triton CPU interpreter.
 
 Not collected by the main test run: ``test_structured_triton_interpret.py`` runs this file in a child pytest
-with ``TRITON_INTERPRET=1`` and ``SLUICE_KERNELS=triton`` (the interpreter must be chosen before kernels are
-decorated, and must not leak into the rest of the suite).
+with ``TRITON_INTERPRET=1`` (the interpreter must be chosen before kernels are decorated, and must not leak
+into the rest of the suite); the engine here names the Triton kernels in its configuration.
 """
 
 from __future__ import annotations
@@ -14,12 +14,13 @@ from pathlib import Path
 import pytest
 import torch
 
-if os.environ.get("TRITON_INTERPRET") != "1" or os.environ.get("SLUICE_KERNELS") != "triton":
-    pytest.skip("run through test_structured_triton_interpret.py (needs TRITON_INTERPRET=1, SLUICE_KERNELS=triton)",
+if os.environ.get("TRITON_INTERPRET") != "1":
+    pytest.skip("run through test_structured_triton_interpret.py (needs TRITON_INTERPRET=1)",
                 allow_module_level=True)
 
 from sluice.engines.llm import LLM, SamplingParams  # noqa: E402
 from sluice.engines.llm.kernels import kernel_path  # noqa: E402
+from sluice.engines.llm.structured import bitmask as bitmask_module  # noqa: E402
 from sluice.engines.llm.structured.bitmask import TokenBitmask, apply_token_bitmask_  # noqa: E402
 from sluice.engines.llm.structured.triton_bitmask import apply_token_bitmask_triton  # noqa: E402
 from tests.engines.llm.structured.test_bitmask import loop_reference  # noqa: E402
@@ -42,11 +43,12 @@ def test_bitmask_kernel_matches_the_loop(num_rows: int, vocab: int, num_words: i
     torch.testing.assert_close(transposed, expected)
 
 
-def test_dispatch_takes_the_kernel() -> None:
+def test_dispatch_takes_the_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
     logits = torch.randn(2, 40)
-    assert kernel_path(logits) == "triton"
+    assert kernel_path(logits) == "torch"  # the CPU's default; the engine's plan names triton
+    monkeypatch.setattr(bitmask_module, "apply_token_bitmask_torch", None)  # called: a TypeError
     bitmask = torch.tensor([[0b1010, 0]], dtype=torch.int32)
-    apply_token_bitmask_(logits, TokenBitmask(bitmask, torch.tensor([1])))
+    apply_token_bitmask_(logits, TokenBitmask(bitmask, torch.tensor([1])), "triton")
     assert torch.isfinite(logits[1]).nonzero().flatten().tolist() == [1, 3] and torch.isfinite(logits[0]).all()
 
 
@@ -56,8 +58,9 @@ def test_constraints_that_accept_the_greedy_answer_reproduce_it_through_the_kern
 ) -> None:
     batch = prompts(4, seed=11)
     llm = LLM(tiny_llama_dir(False), kv_cache_memory_bytes=1 << 22, num_speculative_tokens=speculative,
-              speculative_adaptive=False)
-    llm.runner.use_cpu_attention_plan = False  # the CUDA path: Triton store_kv + paged attention
+              speculative_adaptive=False,  # the CUDA path: Triton store_kv, paged attention and bitmask
+              kernels={"attention": "triton", "cpu_attention": "paged", "native_cpu": False})
+    assert llm.runner.sampler.kernel_path == "triton"
     drafter, llm.scheduler.drafter = llm.scheduler.drafter, None
     plain = llm.generate(batch, SamplingParams(max_tokens=MAX_TOKENS))
     llm.scheduler.drafter = drafter

@@ -114,9 +114,9 @@ def test_speculative_decoding_keeps_constrained_outputs(tiny: Path, backend: str
 
 def test_kernel_attention_path_keeps_constrained_outputs(tiny: Path) -> None:
     batch = prompts(6, seed=6)
-    llm = LLM(tiny, kv_cache_memory_bytes=1 << 24)
-    plain = llm.generate(batch, SamplingParams(max_tokens=MAX_TOKENS))
-    llm.runner.use_cpu_attention_plan = False  # padded block tables -> kernels.paged_attention (CUDA's path)
+    plain = LLM(tiny, kv_cache_memory_bytes=1 << 24).generate(batch, SamplingParams(max_tokens=MAX_TOKENS))
+    # padded block tables -> kernels.paged_attention (CUDA's path)
+    llm = LLM(tiny, kv_cache_memory_bytes=1 << 24, kernels={"cpu_attention": "paged"})
     got = llm.generate(batch, accepting(plain, seed=7))
     assert [g.token_ids for g in got] == [p.token_ids for p in plain]
 

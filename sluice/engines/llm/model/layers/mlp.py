@@ -11,6 +11,7 @@ from torch import nn
 
 from sluice.engines.llm.config import ModelConfig
 from sluice.engines.llm.cpu import native_cpu
+from sluice.engines.llm.kernel_plan import KernelPlan
 
 # by ModelConfig's names: silu (HF's silu / swish), gelu_tanh (HF's gelu_pytorch_tanh, Gemma), gelu (exact erf),
 # relu
@@ -23,6 +24,11 @@ ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 
 
 class GatedMLP(nn.Module):
+    native = True  # the native silu_mul where it takes the rows (set from the engine's KernelPlan)
+
+    def use_kernels(self, plan: KernelPlan) -> None:
+        self.native = plan.native_cpu
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.intermediate_size = cfg.intermediate_size
@@ -33,7 +39,8 @@ class GatedMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (num_tokens, hidden) -> same
         gate_up = self.gate_up_proj(x)
-        if self.act is F.silu and gate_up.dtype == torch.bfloat16 and gate_up.dim() == 2 and native_cpu.takes(gate_up):
+        if (self.act is F.silu and gate_up.dtype == torch.bfloat16 and gate_up.dim() == 2 and self.native
+                and native_cpu.takes(gate_up)):
             return self.down_proj(native_cpu.silu_mul(gate_up))  # packed projections' bf16: one call, not three
         gate, up = gate_up.split(self.intermediate_size, dim=-1)
         return self.down_proj(self.act(gate) * up)

@@ -32,6 +32,7 @@ from torch import nn
 
 from sluice.engines.llm.config import ModelConfig
 from sluice.engines.llm.cpu import native_cpu
+from sluice.engines.llm.kernel_plan import KernelPlan
 from sluice.engines.llm.kernels import kernel_path
 from sluice.engines.llm.model.layers.mlp import ACTIVATIONS
 from sluice.engines.llm.quant.packed import COMPUTE_DTYPE, Int4Weight, PackedWeight
@@ -85,10 +86,14 @@ class PackedStacked(nn.Module):
         int4 = [w for w in experts if isinstance(w, Int4Weight)]
         # the native call's arguments, gathered once here rather than on every step
         self.int4_tensors = ([w.packed for w in int4], [w.scale_zero for w in int4]) if len(int4) == len(experts) else None
+        self.native = native_cpu.int4_matmul_available()  # Sluice's int4 kernel (the engine's KernelPlan says)
+
+    def use_kernels(self, plan: KernelPlan) -> None:
+        self.native = plan.int4_matmul
 
     def grouped(self, rows: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
         """As :meth:`Stacked.grouped`, in ``rows``' dtype (computed in bf16)."""
-        if self.int4_tensors is not None and native_cpu.int4_matmul_usable():
+        if self.int4_tensors is not None and self.native:
             out = native_cpu.int4_grouped_matmul(rows.to(COMPUTE_DTYPE).contiguous(), ends.to(torch.int64),
                                                  *self.int4_tensors)
             return out[:, : self.out_features].to(rows.dtype)
@@ -122,6 +127,11 @@ class GroupedExperts(nn.Module):
 
 
 class SparseMoE(nn.Module):
+    kernel_path: str | None = None  # the engine's KernelPlan.attention; None: the device's default
+
+    def use_kernels(self, plan: KernelPlan) -> None:
+        self.kernel_path = plan.attention
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.num_experts, self.top_k, self.normalize = cfg.num_experts, cfg.num_experts_per_tok, cfg.norm_topk_prob
@@ -157,7 +167,7 @@ class SparseMoE(nn.Module):
         weights, ids = self.route(x)
         flat = ids.reshape(-1)  # (tokens * k,) token-major
         gate_up_proj, down_proj, width = self.experts.gate_up_proj, self.experts.down_proj, self.experts.width
-        if kernel_path(x) == "triton" and isinstance(gate_up_proj, Stacked):  # one kernel per projection
+        if (self.kernel_path or kernel_path(x)) == "triton" and isinstance(gate_up_proj, Stacked):  # one kernel per projection
             from sluice.engines.llm.kernels.triton_moe import grouped_matmul
 
             gate_up = _biased(grouped_matmul(x, gate_up_proj.weight.to(x.dtype), flat, k), gate_up_proj, flat)

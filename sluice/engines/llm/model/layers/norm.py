@@ -17,10 +17,16 @@ from torch import nn
 
 from sluice.engines.llm.config import ModelConfig
 from sluice.engines.llm.cpu import native_cpu
+from sluice.engines.llm.kernel_plan import KernelPlan
 
 
 class RMSNorm(nn.Module):
     """Llama / Qwen / Mistral / Phi-3: normalise in fp32, cast back, then scale by ``weight``."""
+
+    native = True  # the native kernel where it takes the rows (set from the engine's KernelPlan)
+
+    def use_kernels(self, plan: KernelPlan) -> None:
+        self.native = plan.native_cpu
 
     def __init__(self, hidden_size: int, eps: float) -> None:
         super().__init__()
@@ -33,7 +39,7 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., hidden) -> same
         if x.dtype == torch.float32 and self.weight.dtype == torch.float32:
-            if native_cpu.takes(x):
+            if self.native and native_cpu.takes(x):
                 return native_cpu.rms_norm(x, self.weight, self.eps)  # one call, not six
             return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         return self.weight * self.normalized(x).to(x.dtype)

@@ -5,7 +5,7 @@ swaps them in). A linear layer's output is bf16 (plus a bias in the model's dtyp
 matmul takes it as it is, and adding it to the float32 residual stream promotes it there. Embedding rows
 come in the model's dtype.
 
-Prompt rows (:func:`dense_rows`): where only torch's int4 kernel runs (Sluice's own, ``Int4Weight.matmul``,
+Prompt rows (:class:`StepRows`): where only torch's int4 kernel runs (Sluice's own, ``Int4Weight.matmul``,
 needs a CPU with AVX512-BF16, and is about as fast as the GEMM below at 512 rows, far faster at fewer), the
 runner names the rows of a step that are prompt positions; an int4 projection multiplies those through its
 weight dequantised to bf16 (``int4_dense``: faster than torch's kernel at a prompt's hundreds of rows)
@@ -15,21 +15,19 @@ row-invariant, so a projection gives a token the same numbers whatever it is bat
 attention of ``attention.py`` a request's answer is the same with and without speculation, however its prompt is
 chunked or cached (``tests/engines/llm/test_batch_invariance.py``). A block of generated tokens in the prefix
 cache was computed by the other path, so it never stands in for prompt positions (``kv_cache.py``:
-``mark_prompt_positions``). The LM head (``routes_rows=False``) always takes the int4 kernel: it sees the
+``mark_prompt_positions``). The LM head (built without ``rows``) always takes the int4 kernel: it sees the
 sampled rows only.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from sluice.engines.llm.cpu import native_cpu
+from sluice.engines.llm.kernel_plan import KernelPlan
 from sluice.engines.llm.quant import int4_dense
 from sluice.engines.llm.quant.gguf_rows import GGUFRows
 from sluice.engines.llm.quant.packed import COMPUTE_DTYPE, Int4Weight, PackedWeight
@@ -51,35 +49,38 @@ class RowSplit:
         return cls(flags.nonzero().flatten(), (~flags).nonzero().flatten())
 
 
-_ROWS: ContextVar[RowSplit | None] = ContextVar("sluice_dense_rows", default=None)
+class StepRows:
+    """The prompt rows of the step being computed: set by the model around each forward
+    (``CausalLM.forward``'s ``dense_rows``), read by every :class:`QuantizedLinear` built over it."""
 
+    __slots__ = ("split",)
 
-@contextmanager
-def dense_rows(split: RowSplit | None) -> Iterator[None]:
-    """Route ``split.dense`` through the dense int4 path in every projection called inside."""
-    token = _ROWS.set(split)
-    try:
-        yield
-    finally:
-        _ROWS.reset(token)
-
-
-def routing_rows() -> bool:
-    """Whether some rows of the step being computed take the dense path (inside :func:`dense_rows`)."""
-    return _ROWS.get() is not None
+    def __init__(self) -> None:
+        self.split: RowSplit | None = None
 
 
 class QuantizedLinear(nn.Module):
-    def __init__(self, weight: PackedWeight, bias: torch.Tensor | None, routes_rows: bool = True) -> None:
+    def __init__(self, weight: PackedWeight, bias: torch.Tensor | None, rows: StepRows | None = None) -> None:
+        """``rows``: the model's step rows, for a projection that routes prompt rows (None: never routes)."""
         super().__init__()
         self.packed = weight
         self.bias = bias  # (out_features,) in the model's dtype, or None
         self.in_features, self.out_features = weight.in_features, weight.out_features
-        self.routes_rows = routes_rows and isinstance(weight, Int4Weight)  # see dense_rows
+        self.rows = rows if isinstance(weight, Int4Weight) else None
+        self.native = True  # the native unpacking of dense rows (the engine's KernelPlan.native_cpu)
+
+    @property
+    def routes_rows(self) -> bool:
+        return self.rows is not None
+
+    def use_kernels(self, plan: KernelPlan) -> None:
+        self.native = plan.native_cpu
+        if isinstance(self.packed, Int4Weight):
+            self.packed.native = plan.int4_matmul
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (num_tokens, in) -> (num_tokens, out) bf16
-        split = _ROWS.get() if self.routes_rows else None
-        if split is None or not int4_dense.available(x):
+        split = self.rows.split if self.rows is not None else None
+        if split is None or not (self.native and int4_dense.available(x)):
             y = self.packed.matmul(x)
         elif not split.rest.numel():
             y = int4_dense.dense_matmul(self.packed, x)  # type: ignore[arg-type]
@@ -116,6 +117,11 @@ class RescoredHead(nn.Module):
 
     TOP_K = 32
 
+    native = True  # the native top-k (the engine's KernelPlan.native_cpu)
+
+    def use_kernels(self, plan: KernelPlan) -> None:
+        self.native = plan.native_cpu
+
     def __init__(self, fast: nn.Module, exact: GGUFRows, top_k: int = TOP_K) -> None:
         super().__init__()
         self.fast = fast
@@ -124,7 +130,7 @@ class RescoredHead(nn.Module):
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:  # (num_rows, hidden) -> (num_rows, vocab) float32
         packed = self.fast(h)
-        if native_cpu.takes(packed) and packed.dtype in (torch.float32, torch.bfloat16):
+        if self.native and native_cpu.takes(packed) and packed.dtype in (torch.float32, torch.bfloat16):
             top = native_cpu.top_k_rows(packed, self.top_k)  # (num_rows, top_k); far cheaper than torch.topk
         else:
             top = packed.float().topk(self.top_k, dim=-1).indices

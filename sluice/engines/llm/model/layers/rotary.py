@@ -150,12 +150,13 @@ def _cos_sin(freqs: torch.Tensor, attention_factor: float) -> tuple[torch.Tensor
     return emb.cos() * attention_factor, emb.sin() * attention_factor
 
 
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, native: bool = True) -> torch.Tensor:
     """Rotate ``x`` (num_tokens, num_heads, head_dim) by ``cos``/``sin`` (num_tokens, 1, rotary_dim).
 
-    Dims past ``rotary_dim`` pass through unchanged (partial rotary).
+    Dims past ``rotary_dim`` pass through unchanged (partial rotary). ``native``: the native kernel may
+    rotate (where it takes ``x``).
     """
-    if x.dtype in native_cpu.DTYPES and cos.dtype == x.dtype == sin.dtype and native_cpu.takes(x):
+    if native and x.dtype in native_cpu.DTYPES and cos.dtype == x.dtype == sin.dtype and native_cpu.takes(x):
         return native_cpu.rotary(x, cos, sin)  # one call, not seven
     rotary_dim = cos.shape[-1]
     if rotary_dim == x.shape[-1]:

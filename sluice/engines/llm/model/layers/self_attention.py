@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from sluice.engines.llm.config import ModelConfig
+from sluice.engines.llm.kernel_plan import KernelPlan
 from sluice.engines.llm.model.attention import AttentionMetadata, AttentionParams, store_and_attend
 from sluice.engines.llm.model.layers.norm import make_norm
 from sluice.engines.llm.model.layers.rotary import apply_rotary
@@ -34,6 +35,11 @@ class Sinks(nn.Module):
 
 
 class SelfAttention(nn.Module):
+    native = True  # the native rotary kernel where it takes the rows (set from the engine's KernelPlan)
+
+    def use_kernels(self, plan: KernelPlan) -> None:
+        self.native = plan.native_cpu
+
     def __init__(self, cfg: ModelConfig, layer: int) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
@@ -67,13 +73,13 @@ class SelfAttention(nn.Module):
             if not self.qk_norm_across_heads:
                 q, k = self.q_norm(q), self.k_norm(k)
             if self.rotates:
-                q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+                q, k = apply_rotary(q, cos, sin, self.native), apply_rotary(k, cos, sin, self.native)
         elif not self.rotates:
             q = qkv[:, : self.q_size].view(n, self.num_heads, self.head_dim)
             k = qkv[:, self.q_size : self.q_size + self.kv_size].view(n, self.num_kv_heads, self.head_dim)
         else:
             qk = qkv[:, : self.q_size + self.kv_size].view(n, self.num_heads + self.num_kv_heads, self.head_dim)
-            q, k = apply_rotary(qk, cos, sin).split([self.num_heads, self.num_kv_heads], dim=1)
+            q, k = apply_rotary(qk, cos, sin, self.native).split([self.num_heads, self.num_kv_heads], dim=1)
         v = qkv[:, self.q_size + self.kv_size :].view(n, self.num_kv_heads, self.head_dim)
         params = self.params if self.sinks is None else replace(self.params, sinks=self.sinks.weight)
         o = store_and_attend(q, k, v, kv_cache[0], kv_cache[1], meta, params)  # in q's dtype
