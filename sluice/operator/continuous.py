@@ -26,7 +26,7 @@ from sluice.operator.failures.bisection import Failed
 from sluice.operator.observer import Observer
 from sluice.operator.record import Pending, TopicPartition
 from sluice.operator.serving import Engine, Serving
-from sluice.operator.state import SharedState, Switch
+from sluice.operator.state import SharedState
 from sluice.operator.worker import EngineThread
 
 log = logging.getLogger(__name__)
@@ -70,9 +70,10 @@ class ContinuousWorker(EngineThread[tuple[_Lane, list[Pending]]]):
         """Records to add now, and the engine they go to; no records when there is only running work to
         step; None: nothing to do."""
         s = self.state
-        if s.switch is Switch.OFFERED:  # what is queued was prepared by the serving engine: sealed, for it
-            s.seal_for_switch()
-        elif s.switch is Switch.ACKED and (serving := s.take_next_model(once_sealed_taken=False)) is not None:
+        # a reload: what is queued was prepared by the serving engine (sealed, for it); the new engine steps
+        # beside it from the intake's move on
+        _, serving = s.model_switch.between_batches(once_sealed_taken=False)
+        if serving is not None:
             self._switched(serving)
             self._lanes.append(_Lane(serving, _continuous(serving)))
         # sealed records were prepared by the engine serving before the switch: they go to it

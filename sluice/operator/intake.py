@@ -64,12 +64,12 @@ class Intake:
 
     def hand_over(self, serving: Serving) -> None:
         """A reloaded model is ready. Records go on being prepared by the serving engine until the engine
-        thread has sealed what it prepared (``state.Switch``); :meth:`follow_switch` then moves on."""
-        self.state.offer_model(serving)
+        thread has sealed what it prepared (``reload/switch.py``); :meth:`follow_switch` then moves on."""
+        self.state.model_switch.offer(serving)
 
     def follow_switch(self) -> None:
         """Every pass: prepare with the new engine once the old one's records are sealed."""
-        if (follow := self.state.follow_switch()) is not None:
+        if (follow := self.state.model_switch.at_intake()) is not None:
             self.serving = follow
 
     def retry_stalled(self, now: float) -> bool:

@@ -3,8 +3,8 @@
 One :class:`Serving` is made per started engine and never changes; a reload makes a second one. Each
 thread holds the one it works with -- the intake the engine whose ``prepare`` it calls, the engine thread
 the one whose ``infer`` / ``step`` it calls -- and a switch hands the new one from the intake to the engine
-thread through :class:`~sluice.operator.state.SharedState` (its ``Switch``: ``offer_model``, ``seal_for_switch``,
-``queue`` / ``follow_switch``, ``take_next_model``).
+thread through the shared state's :class:`~sluice.operator.reload.switch.ModelSwitch` (``offer``, then its two
+hooks: ``at_intake`` and ``between_batches``).
 """
 
 from __future__ import annotations

@@ -21,16 +21,15 @@ field                written by
 ``stopped``          shutdown, or :meth:`stop` on a fatal error: the engine thread exits now
 ``forced``           :meth:`force` (a second signal; written without the lock, from a signal handler)
 ``abandoned``        rebalances and rewinds: running requests of these partitions are to be aborted
-``next_model``,      a reload's switch, :class:`Switch`: the intake offers the new model
-``switch``           (:meth:`offer_model`) and follows (:meth:`queue`, :meth:`follow_switch`); the engine
-                     thread seals the batcher (:meth:`seal_for_switch`) and switches (:meth:`take_next_model`)
+``model_switch``     a reload's switch (``sluice/operator/reload/switch.py``): the intake offers the new model
+                     and follows through its hook (``at_intake``, also in :meth:`queue`); the engine thread
+                     seals the batcher and switches through the other (``between_batches``)
 ``stop_reason``      :meth:`stop` only: the first reason the operator must stop; later ones are logged
 ===================  ===================================================================================
 """
 
 from __future__ import annotations
 
-import enum
 import logging
 import threading
 from collections.abc import Callable, Iterable, Iterator
@@ -42,6 +41,7 @@ from sluice.operator.adaptive import AdaptivePolicy
 from sluice.operator.batcher import Batcher
 from sluice.operator.ledger import InFlightLedger
 from sluice.operator.record import InputRecord, Pending, TopicPartition
+from sluice.operator.reload.switch import ModelSwitch
 from sluice.operator.serving import Serving
 
 log = logging.getLogger(__name__)
@@ -50,26 +50,6 @@ log = logging.getLogger(__name__)
 class ForcedStop(Exception):
     """A forced stop (a second signal) cut a wait for the engine short: what waited -- a commit, a revoke's
     flush -- does not happen; the runner aborts what is open and commits only what is delivered."""
-
-
-class Switch(enum.Enum):
-    """Where a reload's switch is. Records prepared by the old engine run on it, the rest on the new one:
-
-    * ``OFFERED`` (intake): a new engine is ready; the intake still prepares with the old one;
-    * ``SEALED`` (engine thread, at a batch boundary): what is queued is the old engine's -- a batch engine's
-      next batch takes what fits, the rest is sealed in the batcher (it runs on the old engine first);
-    * ``ACKED`` (intake): records are prepared by the new engine from now on; those the old one prepared
-      after the seal are prepared again by the new one (one poll's worth at most), never queued;
-    * back to ``NONE`` (engine thread): once acknowledged and the sealed records are taken, it switches.
-
-    Sealing when the engine is free, not when the new engine is offered, and preparing the late ones again,
-    is what keeps the switch cheap: what arrived while the old engine worked joins its next batch, as it
-    would without a reload, and nothing waits behind a batch of its own."""
-
-    NONE = "none"
-    OFFERED = "offered"
-    SEALED = "sealed"
-    ACKED = "acked"
 
 
 @dataclass
@@ -117,8 +97,7 @@ class SharedState:
         self.forced = False
         self.abandoned: set[TopicPartition] = set()
         self.abandon_all = False
-        self.next_model: Serving | None = None
-        self.switch = Switch.NONE
+        self.model_switch = ModelSwitch(self.cond, batcher)
         self._stop_reason: str | None = None
 
     # ------------------------------------------------------------------------------------- stopping
@@ -183,61 +162,20 @@ class SharedState:
             self.stopped = True
             self.cond.notify_all()
 
-    # ----------------------------------------------------------------------- a reload's switch (Switch)
-
-    def offer_model(self, serving: Serving) -> None:
-        """Intake thread: a reloaded model is ready (NONE -> OFFERED)."""
-        with self.cond:
-            assert self.switch is Switch.NONE, "one switch at a time"
-            self.next_model, self.switch = serving, Switch.OFFERED
-            self.cond.notify_all()
-
-    def seal_for_switch(self) -> None:
-        """Engine thread, with ``cond`` held, free between two batches: what is queued now, and what the intake
-        adds until it follows, was prepared by the old engine (OFFERED -> SEALED)."""
-        self.batcher.seal()
-        self.switch = Switch.SEALED
+    # ------------------------------------------------------------------------------------ intake thread
 
     def queue(self, items: list[tuple[Pending, int]], now: float) -> Serving | None:
         """Intake thread: queue records prepared by the engine it prepares with -- unless the engine thread
-        sealed the batcher meanwhile: then nothing is queued, and the model to prepare them (and every later
-        record) with is returned (SEALED -> ACKED)."""
+        sealed the batcher for a reload meanwhile: then nothing is queued, and the model to prepare them (and
+        every later record) with is returned (the switch's intake hook)."""
         with self.cond:
-            if self.switch is Switch.SEALED:
-                return self._follow()
+            if (follow := self.model_switch.at_intake()) is not None:
+                return follow
             self.batcher.add_many(items, now)
             if self.adaptive is not None:
                 self.adaptive.arrivals.observe(len(items), now)
             self.cond.notify_all()
             return None
-
-    def follow_switch(self) -> Serving | None:
-        """Intake thread, every pass: the model to prepare with from now on, once the batcher is sealed."""
-        if self.switch is not Switch.SEALED:  # one attribute read on the hot path
-            return None
-        with self.cond:
-            return self._follow()
-
-    def _follow(self) -> Serving | None:
-        if self.switch is not Switch.SEALED:
-            return None
-        self.switch = Switch.ACKED
-        self.cond.notify_all()  # the engine thread may switch now
-        return self.next_model
-
-    def take_next_model(self, once_sealed_taken: bool = True) -> Serving | None:
-        """Engine thread, between two batches, with ``cond`` held: the model to switch to now, once the intake
-        follows (and, with ``once_sealed_taken``, the sealed records are taken); ACKED -> NONE."""
-        if self.switch is not Switch.ACKED or (once_sealed_taken and self.batcher.num_sealed):
-            return None
-        serving, self.next_model, self.switch = self.next_model, None, Switch.NONE
-        return serving
-
-    def take_unused_model(self) -> Serving | None:
-        """Engine thread, exiting: a model offered and never switched to (the run stopped first)."""
-        with self.cond:
-            serving, self.next_model, self.switch = self.next_model, None, Switch.NONE
-            return serving
 
     def take_abandoned(self) -> tuple[bool, set[TopicPartition]]:
         """Engine thread, before its next step: (abort every running request?, partitions whose running

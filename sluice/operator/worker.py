@@ -6,7 +6,7 @@ is asked for a batch only when this thread is free, so while the engine works, t
 operator); :class:`EngineWorker` runs a batch engine, :class:`~sluice.operator.continuous.ContinuousWorker`
 a continuous one (the LLM). Results go to :meth:`Emitter.settle <sluice.operator.emitter.Emitter.settle>`.
 
-A reload switches engines here, between two batches (``state.Switch``): offered a new engine, this thread
+A reload switches engines here, between two batches (``reload/switch.py``'s hook): offered a new engine, this thread
 takes what the old one prepared as its next batch and seals the rest; once every sealed record has run on
 the old engine and the intake prepares with the new one, the next batch runs on the new engine, and the
 old one goes to ``retire`` (closed off this thread). Each batch's outputs name the engine that ran it.
@@ -27,7 +27,7 @@ from sluice.operator.failures.oom_governor import BatchSizeGovernor
 from sluice.operator.observer import Observer
 from sluice.operator.record import Pending, TopicPartition
 from sluice.operator.serving import Engine, Serving
-from sluice.operator.state import SharedState, Switch
+from sluice.operator.state import SharedState
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ class EngineThread(threading.Thread, ABC, Generic[W]):
             s.stop_engine()
         finally:
             self._exit()
-            unused = s.take_unused_model()  # offered and never switched to (stopped first): not needed
+            unused = s.model_switch.take_unused()  # offered and never switched to (stopped first): not needed
             if unused is not None:
                 self.retire(unused.engine)
 
@@ -126,12 +126,13 @@ class EngineWorker(EngineThread[list[Pending]]):
 
     def _take(self, now: float) -> list[Pending] | None:
         s = self.state
-        if s.switch is Switch.OFFERED:  # what the old engine prepared goes now, as its last batch...
-            batch = s.batcher.next_batch(float("inf"), self.governor.limit)
-            s.seal_for_switch()  # ...but for what it prepares until the intake follows: sealed, for it too
-            if batch:
-                return self._count(batch)
-        elif s.switch is Switch.ACKED and (serving := s.take_next_model()) is not None:
+        # a reload: what the old engine prepared goes now, as its last batch (the rest sealed for it), and
+        # once all of it has run, the new engine takes the next batch
+        last, serving = s.model_switch.between_batches(
+            lambda: s.batcher.next_batch(float("inf"), self.governor.limit) or [])
+        if last:
+            return self._count(last)
+        if serving is not None:
             self._switch(serving)
         self._wake_at = wake_at = s.batcher.next_deadline()
         limit = self.governor.limit

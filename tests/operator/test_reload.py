@@ -371,27 +371,29 @@ def test_a_run_stopping_before_the_switch_closes_the_new_engine_and_leaves_the_s
 def test_the_switch_steps_in_order_and_records_prepared_too_late_are_prepared_again() -> None:
     from sluice.operator.batcher import Batcher, BatchPolicy
     from sluice.operator.ledger import InFlightLedger
-    from sluice.operator.state import SharedState, Switch
+    from sluice.operator.reload.switch import Stage
+    from sluice.operator.state import SharedState
 
     state = SharedState(Batcher(BatchPolicy(max_batch_size=2, max_queue_delay_s=1.0)), InFlightLedger())
     old, new = (Serving(Tagger(Path(name)), identify(ModelSource(name, None), "python")) for name in ("a", "b"))
     item = (None, 1)  # the state never looks inside what it queues
     assert state.queue([item, item, item], 0.0) is None and len(state.batcher) == 3  # old's, no switch yet
-    state.offer_model(new)
+    switch = state.model_switch
+    switch.offer(new)
     assert state.queue([item], 0.0) is None and len(state.batcher) == 4  # offered: still the old engine's
-    with state.cond:
-        assert state.take_next_model() is None  # not before the seal and the intake's move
-        assert len(state.batcher.next_batch(float("inf")) or []) == 2  # the old engine's next batch...
-        state.seal_for_switch()  # ...and the rest sealed for it
-    assert state.batcher.num_sealed == 2 and state.switch is Switch.SEALED
+    with state.cond:  # the engine thread's hook: the old engine's next batch, and the rest sealed for it
+        last, serving = switch.between_batches(lambda: state.batcher.next_batch(float("inf")) or [])
+    assert len(last) == 2 and serving is None  # not before the seal and the intake's move
+    assert state.batcher.num_sealed == 2 and switch.stage is Stage.SEALED
     assert state.queue([item], 0.0) is new  # prepared by the old engine too late: not queued, to prepare again
-    assert len(state.batcher) == 2 and state.switch is Switch.ACKED
+    assert len(state.batcher) == 2 and switch.stage is Stage.ACKED
     assert state.queue([item], 0.0) is None and len(state.batcher) == 3  # the new engine's, unsealed
     with state.cond:
-        assert state.take_next_model() is None  # the sealed ones run on the old engine first
+        assert switch.between_batches() == ([], None)  # the sealed ones run on the old engine first
         assert state.batcher.next_batch(float("inf")) is not None and state.batcher.num_sealed == 0
-        assert state.take_next_model() is new and state.switch is Switch.NONE
-    assert old.engine is not new.engine and state.follow_switch() is None
+        assert switch.between_batches() == ([], new) and switch.stage is Stage.NONE
+        assert switch.between_batches() == ([], None)  # no reload under way: nothing to do
+    assert old.engine is not new.engine and switch.at_intake() is None
 
 
 def test_dead_letters_name_the_model_too_whether_it_failed_them_or_was_serving_when_they_failed(

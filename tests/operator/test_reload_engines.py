@@ -20,8 +20,8 @@ from sluice.operator.build import build_reloader, start_engine
 from sluice.operator.observer import Observer
 from sluice.operator.reload.outcome import ReloadOutcome
 from sluice.operator.reload.reloader import Phase
+from sluice.operator.reload.switch import Stage
 from sluice.operator.runner import Runner
-from sluice.operator.state import Switch
 from tests.operator.memory import ManualClock, MemorySink, MemorySource, pipeline
 
 RELOAD = "reload: {watch: true, poll_interval_s: 0.02, settle_s: 0}"
@@ -68,7 +68,7 @@ def run_with_swaps(engine_yaml: str, values: list[Any], swaps: list[tuple[int, C
         if offered[0]:
             offered[0] = False
             deadline = time.monotonic() + 60
-            while runner.state.switch is Switch.OFFERED:
+            while runner.state.model_switch.stage is Stage.OFFERED:
                 assert time.monotonic() < deadline, "the engine thread never sealed the old engine's records"
                 time.sleep(0.005)
         if pending and source.num_handed_out >= pending[0][0]:

@@ -5,7 +5,8 @@ A new version of the model -- found by polling its path (``engine.reload.watch``
 off the engine thread (:mod:`.reloader`), then switched to between two batches:
 
 1. the intake takes the ready engine (``Runner`` loop) and offers it to the engine thread
-   (``SharedState.offer_model``; the switch's steps are ``sluice.operator.state.Switch``);
+   (:mod:`.switch`: ``ModelSwitch.offer``; its steps are ``switch.Stage``, reached from the record path
+   through two hooks, ``at_intake`` and ``between_batches``);
 2. the engine thread, free between two batches, runs what the old engine prepared as its next batch and
    seals the rest in the batcher for it; the intake follows: records are prepared by the new engine from
    then on (a poll's worth the old one prepared meanwhile is prepared again);
