@@ -117,14 +117,16 @@ def run_sluice_at(root: str, *args: Any) -> dict[str, Any]:
 def _kv_bytes_per_token(model: str, weights: str) -> int:
     """K and V of every layer for one token: float32 for ``weights: fp32``, else bf16 (what ``kv_cache_dtype:
     auto`` gives packed weights; ``run_sluice`` checks it)."""
-    from sluice.engines.llm.loading.checkpoint import find_gguf, model_config_from_gguf, model_config_from_hf
-    from sluice.engines.llm.loading.gguf_file import GGUFFile
+    try:
+        from sluice.engines.llm.loading import checkpoint, gguf_file
+    except ImportError:  # a --baseline-ref commit from before the engine's loading/ folder
+        from sluice.engines.llm import checkpoint, gguf_file  # type: ignore[attr-defined,no-redef]
 
-    gguf = find_gguf(model)
+    gguf = checkpoint.find_gguf(model)
     if gguf is not None:
-        cfg = model_config_from_gguf(GGUFFile(gguf))
+        cfg = checkpoint.model_config_from_gguf(gguf_file.GGUFFile(gguf))
     else:
-        cfg = model_config_from_hf(json.loads((Path(model) / "config.json").read_text()))
+        cfg = checkpoint.model_config_from_hf(json.loads((Path(model) / "config.json").read_text()))
     return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * (4 if weights == "fp32" else 2)
 
 
