@@ -47,6 +47,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from baseline import baseline_checkout  # noqa: E402
 from llm_peers_run import (  # noqa: E402
     RunResult,
     environment_note,
@@ -67,22 +68,6 @@ def model_file(name: str) -> str:
     from llm_peers_models import llama_1b, smollm2
 
     return smollm2() if name == "smollm2" else llama_1b(name.split("-")[1].upper())
-
-
-def baseline_checkout(ref: str) -> str:
-    """A ``git worktree`` of ``ref`` (resolved to its commit) in the Sluice cache, outside the checkout; its path."""
-    import subprocess
-
-    from sluice.model_store import default_cache_dir
-
-    repo = Path(__file__).resolve().parent.parent
-    commit = subprocess.run(["git", "rev-parse", "--verify", f"{ref}^{{commit}}"], cwd=repo, check=True,
-                            capture_output=True, text=True).stdout.strip()  # fmt: skip
-    path = default_cache_dir() / "bench-worktrees" / commit[:12]
-    if not path.exists():
-        subprocess.run(["git", "worktree", "add", "--detach", str(path), commit], cwd=repo, check=True,
-                       capture_output=True)  # fmt: skip
-    return str(path)
 
 
 def percentile(values: list[float], q: float) -> float:
