@@ -1,4 +1,6 @@
-"""Builds a runnable operator from a validated pipeline: the one place that wires the parts together."""
+"""From a validated pipeline to a runnable operator: the outside parts -- the engine (started and warmed up),
+the codec, the Kafka clients or files, the observer, the reloader -- built and checked, then handed to the
+:class:`~sluice.operator.runner.Runner`, which wires its own inner parts."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The runtime: wires source -> intake -> batcher -> engine thread -> emitter -> sink, and runs the poll loop.
 
-The one place that builds the operator's parts and hands each what it needs. A record's path, hop by hop,
-one file per hop (docs/architecture.md walks it):
+Given the outside parts (``build.py``: engine, codec, source, sink) it builds the inner ones and hands each
+what it needs. A record's path, hop by hop, one file per hop (docs/architecture.md walks it):
 
 1. ``source.poll`` (sluice/connectors/kafka/kafka_source.py, or files/file_source.py), called by :meth:`Runner.run` below;
 2. :class:`~sluice.operator.intake.Intake`: tracked in the ledger, decoded, prepared, queued in the batcher;
