@@ -61,13 +61,13 @@ class MemorySource:
     """Hands out ``records`` (value, key, headers) from partition 0 of ``topic``, in order.
 
     ``per_poll`` caps each poll; ``script(source)`` runs at the start of every poll (a test triggers a
-    revoke, a loss or a stop from there, as librdkafka calls back from within poll)."""
-
-    bounded = False
+    revoke, a loss or a stop from there, as librdkafka calls back from within poll). ``bounded``: the source
+    ends after its records (the run finishes what is in flight, then stops), as a bounded Kafka run does."""
 
     def __init__(self, records: Sequence[tuple[bytes | None, bytes | None, Headers]], *, per_poll: int = 10_000,
                  clock: ManualClock | None = None, poll_s: float = 0.002, log: EventLog | None = None,
-                 script: Callable[[MemorySource], None] | None = None, topic: str = "in") -> None:
+                 script: Callable[[MemorySource], None] | None = None, topic: str = "in", bounded: bool = False) -> None:
+        self.bounded = bounded
         self.tp = TopicPartition(topic, 0)
         self._records = list(records)
         self._next = 0
@@ -161,7 +161,7 @@ class MemorySource:
             self.log.add("rewind", self._next)
 
     def is_exhausted(self) -> bool:
-        return False
+        return self.bounded and self._next >= len(self._records)
 
     def close(self) -> None:
         self.log.add("close", None)

@@ -66,16 +66,23 @@ def run_pipeline(pipeline: str | Path | LoadedPipeline, values: Sequence[Any], *
         raise ValueError(f"{len(keys)} keys for {len(values)} values")
     records: list[tuple[bytes | None, bytes | None, Headers]] = [
         (as_bytes(v), None if keys is None else keys[i], []) for i, v in enumerate(values)]
-    engine, _ = start_engine(loaded)
+    engine, started = start_engine(loaded)
     try:
         sink = MemorySink()
-        source = MemorySource(records, topic=p.source.kafka.topics[0])
-        runner = Runner(loaded, source, sink, engine, max_records=len(records), codec=build_codec(loaded, engine))
+        source = MemorySource(records, topic=p.source.kafka.topics[0], bounded=True)  # ends when all are answered
+        runner = Runner(loaded, source, sink, engine, codec=build_codec(loaded, engine), model=started.identity,
+                        warmup_s=started.warmup_s)  # fmt: skip
         summary = runner.run()
     finally:
         engine.close()
     if summary.error is not None:
         raise PipelineRunError(f"the pipeline stopped: {summary.error}")
     dead_topic = p.dead_letter.topic if p.dead_letter is not None else None
-    return PipelineRun(outputs=sink.on(p.sink.kafka.topic), dead_letters=sink.on(dead_topic) if dead_topic else [],
-                       summary=summary)
+    run = PipelineRun(outputs=sink.on(p.sink.kafka.topic), dead_letters=sink.on(dead_topic) if dead_topic else [],
+                      summary=summary)
+    answered = sorted(r.input_offset for r in run.outputs + run.dead_letters)
+    if answered != list(range(len(records))):  # the guarantee, checked: each record answered exactly once
+        missing = sorted(set(range(len(records))) - set(answered))
+        raise PipelineRunError(f"records without exactly one answer: missing {missing[:10]}, answered "
+                               f"{len(answered)} times for {len(records)} records")
+    return run

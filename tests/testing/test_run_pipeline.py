@@ -42,3 +42,12 @@ def test_a_pipeline_that_stops_on_its_own_raises_why(tmp_path: Path) -> None:
                                                 "dead_letter:\n  topic: reviews.dlq\n  max_consecutive_failures: 2\n"))
     with pytest.raises(PipelineRunError, match="stopped"):
         run_pipeline(strict, [b"x", b"y", b"z"])
+
+
+def test_a_run_longer_than_the_drain_timeout_still_answers_every_record(tmp_path: Path) -> None:
+    slow = tmp_path / "slow.yaml"
+    slow.write_text(SHOUT.read_text().replace("examples.functions.text:shout", "tests.testing.slow_functions:upper_slowly")
+                    .replace("max_batch_size: 64", "max_batch_size: 4") + "runtime: {drain_timeout_s: 1}\n")
+    run = run_pipeline(slow, [{"text": f"t{i}"} for i in range(60)])  # 15 batches of 0.1 s: past the drain timeout
+    assert [v["shouted"] for v in run.output_values()] == [f"T{i}" for i in range(60)]
+    assert sorted(r.input_offset for r in run.outputs) == list(range(60))

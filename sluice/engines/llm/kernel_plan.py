@@ -113,5 +113,5 @@ def resolve(options: KernelOptions, machine: Machine) -> KernelPlan:
         native_decode_layers=int4 and options.native_decode_layers,
         int4_matmul=int4,
         int4_scales_only=int4 and options.int4_scales_only,
-        dense_prompts=cpu and dense,
+        dense_prompts=native and dense,  # the dense path unpacks int4 rows with a native kernel
     )

@@ -27,8 +27,9 @@ def test_without_the_int4_kernel_prompts_go_dense_and_scales_keep_their_zero_poi
     plan = resolve(KernelOptions(), Machine("cpu", native_built=True))
     assert (plan.int4_matmul, plan.native_decode_layers, plan.int4_scales_only, plan.dense_prompts) == (
         False, False, False, True)
-    unbuilt = resolve(KernelOptions(), Machine("cpu"))
-    assert not unbuilt.native_cpu and unbuilt.dense_prompts
+    unbuilt = resolve(KernelOptions(), Machine("cpu"))  # the dense path unpacks rows with a native kernel
+    assert not unbuilt.native_cpu and not unbuilt.dense_prompts
+    assert not resolve(KernelOptions(native_cpu=False, int4_dense_prompts="on"), CPU).dense_prompts
 
 
 @pytest.mark.parametrize(("options", "field", "expected"), [
@@ -104,3 +105,44 @@ def test_a_pipeline_names_its_kernels_and_validate_shows_them(tmp_path: Path) ->
     done = subprocess.run([sys.executable, "-m", "sluice.cli", "validate", str(tmp_path / "bad.yaml")],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode != 0 and "engine.kernels.native_cpu" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_packed_experts_follow_the_plan(tiny_family_dir: Callable[..., Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    from sluice.engines.llm.cpu import native_cpu
+    from sluice.engines.llm.model.layers.moe import PackedStacked
+    from sluice.engines.llm.quant.packed import Int4Weight
+
+    def experts(llm: LLM) -> list[Int4Weight]:
+        return [e for m in llm.runner.model.modules() if isinstance(m, PackedStacked)
+                for e in m.experts if isinstance(e, Int4Weight)]  # fmt: skip
+
+    torch_int4 = LLM(tiny_family_dir("qwen3_moe"), weights="int4", kv_cache_memory_bytes=1 << 22,
+                     kernels={"int4_matmul": "torch"})
+    assert experts(torch_int4) and not any(e.native for e in experts(torch_int4))
+    default = LLM(tiny_family_dir("qwen3_moe"), weights="int4", kv_cache_memory_bytes=1 << 22)
+    assert all(e.native == default.kernels.int4_matmul for e in experts(default))
+    calls: list[str] = []
+    for name in ("int4_matmul", "int4_grouped_matmul"):
+        real = getattr(native_cpu, name)
+        monkeypatch.setattr(native_cpu, name, lambda *a, _real=real, _name=name: calls.append(_name) or _real(*a))
+    torch_int4.generate([[3, 9, 27, 81]], SamplingParams(max_tokens=4, ignore_eos=True))
+    assert calls == []  # no int4 product of the model, experts included, took Sluice's kernel
+    default.generate([[3, 9, 27, 81]], SamplingParams(max_tokens=4, ignore_eos=True))
+    assert bool(calls) == default.kernels.int4_matmul
+
+
+def test_without_the_native_kernels_nothing_asks_for_them(tiny_family_dir: Callable[..., Path],
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """``native_cpu: false`` is the way around a machine where the build hangs or fails: an int4 model loads
+    and answers without ever asking for the build (which ``native_cpu.load`` does)."""
+    from sluice.engines.llm.cpu import native_cpu
+
+    def no_build() -> None:
+        raise AssertionError("the native kernels were asked for")
+
+    monkeypatch.setattr(native_cpu, "load", no_build)
+    for family in ("llama", "qwen3_moe"):
+        llm = LLM(tiny_family_dir(family), weights="int4", kv_cache_memory_bytes=1 << 22, kernels={"native_cpu": False})
+        assert not llm.kernels.native_cpu and not llm.kernels.int4_matmul
+        [out] = llm.generate([[3, 9, 27, 81]], SamplingParams(max_tokens=4, ignore_eos=True))
+        assert len(out.token_ids) == 4

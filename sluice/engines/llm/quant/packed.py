@@ -147,9 +147,9 @@ class Int4Weight:
         self.scale_zero = scale_zero  # (K / 32, N_padded, 2) bf16, or (K / 32, N_padded, 1): zero points all 0
         self.out_features = out_features
         self.in_features = packed.shape[1] * 2
-        # Sluice's int4 kernel (cpu/native/int4_matmul.cpp) where built, else torch's; the engine sets it
-        # from its plan (kernels.int4_matmul)
-        self.native = native_cpu.int4_matmul_available()
+        # Sluice's int4 kernel (cpu/native/int4_matmul.cpp) or torch's: the engine sets it from its plan
+        # (kernels.int4_matmul); left None, the first matmul asks what the machine has (building the kernels)
+        self.native: bool | None = None
 
     @staticmethod
     def supports(shape: tuple[int, int]) -> bool:
@@ -227,6 +227,8 @@ class Int4Weight:
         return cls(packed, scale_zero, num_rows)
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        if self.native is None:
+            self.native = native_cpu.int4_matmul_available()
         if self.native:  # the same layout, faster (cpu/native/int4_matmul.cpp)
             y = native_cpu.int4_matmul(_to_compute(x).contiguous(), self.packed, self.scale_zero)
         else:

@@ -86,13 +86,18 @@ class PackedStacked(nn.Module):
         int4 = [w for w in experts if isinstance(w, Int4Weight)]
         # the native call's arguments, gathered once here rather than on every step
         self.int4_tensors = ([w.packed for w in int4], [w.scale_zero for w in int4]) if len(int4) == len(experts) else None
-        self.native = native_cpu.int4_matmul_available()  # Sluice's int4 kernel (the engine's KernelPlan says)
+        self.native: bool | None = None  # Sluice's int4 kernel (the engine's KernelPlan; None: what is built)
 
     def use_kernels(self, plan: KernelPlan) -> None:
         self.native = plan.int4_matmul
+        for expert in self.experts:  # the loop below calls each expert's own matmul
+            if isinstance(expert, Int4Weight):
+                expert.native = plan.int4_matmul
 
     def grouped(self, rows: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
         """As :meth:`Stacked.grouped`, in ``rows``' dtype (computed in bf16)."""
+        if self.native is None:
+            self.native = native_cpu.int4_matmul_available()
         if self.int4_tensors is not None and self.native:
             out = native_cpu.int4_grouped_matmul(rows.to(COMPUTE_DTYPE).contiguous(), ends.to(torch.int64),
                                                  *self.int4_tensors)
