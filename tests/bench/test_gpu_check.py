@@ -177,6 +177,7 @@ def test_every_step_keeps_its_floor_even_when_each_one_before_it_hangs(profile: 
     assert gpu_check.step_timeout(limits, 1, budget_s - 5) == limits[1][0]
 
 
+@pytest.mark.slow  # ./dev test fast leaves it out
 def test_a_step_killed_at_its_timeout_leaves_every_row_measured_or_with_a_reason(tmp_path: Path) -> None:
     child = tmp_path / "slow_step.py"
     child.write_text(textwrap.dedent(f"""

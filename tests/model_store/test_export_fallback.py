@@ -63,6 +63,7 @@ def _engine(kind: str, model: Path, cache: Path) -> Any:
     return engine
 
 
+@pytest.mark.slow  # ./dev test fast leaves it out
 def test_an_encoder_torchscript_cannot_export_serves_from_onnx_as_from_torch(
         gemma_embedder: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.INFO, logger="sluice.model_store"):

@@ -229,7 +229,12 @@ def test_exactly_once_an_idle_pipeline_commits_no_empty_transactions() -> None:
     summary = start(source, sink, Upper(), EXACTLY_ONCE, idle_exit_s=2).run()  # 10 ms interval, 2 s idle
     assert summary.error is None and clock() - started >= 2  # ~200 intervals went by with nothing to do
     transactions = log.of("transaction")
-    assert len(transactions) <= 4 and all(transactions[:-1])  # each carried offsets; the last is shutdown's
+    # While records flow a transaction may close before the engine produced anything (a slow or loaded
+    # machine): it carries no offsets then. Once the work is done, the ~200 idle intervals commit nothing:
+    # after the transaction carrying offset 30 only shutdown's follows.
+    last_work = max(i for i, offsets in enumerate(transactions) if offsets)
+    assert transactions[last_work] == {source.tp: 30} and len(transactions) - last_work <= 2
+    assert len(transactions) <= 8  # not one per interval
     assert source.committed[source.tp] == 30 and offsets(sink, sink.committed_outputs) == list(range(30))
 
 

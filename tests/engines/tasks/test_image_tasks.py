@@ -123,6 +123,7 @@ def test_a_bad_image_fails_alone_with_its_stage(image_models: dict[str, Path], i
         engine.prepare([str(tmp_path / "missing.jpg")])
 
 
+@pytest.mark.slow  # ./dev test fast leaves it out
 def test_an_export_made_ahead_of_time_runs_as_the_directory_does(image_models: dict[str, Path], tmp_path: Path,
                                                                   images: dict[str, bytes],
                                                                   make_engine: Callable[..., Any]) -> None:
