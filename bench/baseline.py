@@ -20,3 +20,15 @@ def baseline_checkout(ref: str) -> str:
         subprocess.run(["git", "worktree", "add", "--detach", str(path), commit], cwd=repo, check=True,
                        capture_output=True)  # fmt: skip
     return str(path)
+
+
+def import_sluice_from(root: str) -> None:
+    """Make ``root`` (a baseline checkout) the Sluice this process imports; call before anything imports it.
+    RuntimeError when another copy is imported all the same."""
+    import sys
+
+    sys.path.insert(0, root)
+    import sluice
+
+    if not (sluice.__file__ or "").startswith(root):
+        raise RuntimeError(f"sluice imported from {sluice.__file__}, not from {root}")

@@ -104,13 +104,9 @@ def run_sluice(model: str, workload: Workload, threads: int, weights: str, kv_to
 def run_sluice_at(root: str, *args: Any) -> dict[str, Any]:
     """``run_sluice`` with Sluice imported from ``root`` (a checkout of another commit: ``--baseline-ref``).
     Runs in a fresh spawned child, where nothing has imported Sluice yet."""
-    import sys
+    from baseline import import_sluice_from
 
-    sys.path.insert(0, root)
-    import sluice
-
-    if not sluice.__file__ or not sluice.__file__.startswith(root):
-        raise RuntimeError(f"sluice imported from {sluice.__file__}, not from {root}")
+    import_sluice_from(root)
     return run_sluice(*args)
 
 

@@ -24,19 +24,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
-from baseline import baseline_checkout  # noqa: E402
+from baseline import baseline_checkout, import_sluice_from  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 
 
 def child(root: str, num_records: int, batch_size: int) -> dict[str, float]:
     """One run with Sluice imported from ``root``: CPU and wall microseconds per record."""
-    sys.path.insert(0, root)
+    import_sluice_from(root)
     os.chdir(root)
-    import sluice
-
-    if not (sluice.__file__ or "").startswith(root):
-        raise RuntimeError(f"sluice imported from {sluice.__file__}, not from {root}")
     try:
         from sluice.engines.engine_contract import BatchEngine
     except ImportError:  # a commit from before the engine contract's rename

@@ -1,7 +1,7 @@
 """Configuration of the LLM engine: the model's architecture and the engine's options, as typed data.
 
 ``ModelConfig`` is read from the weights (a HF ``config.json`` or GGUF metadata) by the model family's
-parser (``models/``); ``EngineConfig`` is what a user sets. Both are validated once, at construction, with
+parser (``model/families/``); ``EngineConfig`` is what a user sets. Both are validated once, at construction, with
 one-line errors.
 
 One ``ModelConfig`` describes every supported decoder: a Llama is the all-defaults case, and each family

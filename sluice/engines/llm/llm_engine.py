@@ -69,7 +69,7 @@ class LLM:
     ``max_model_len``, ...); an unknown option is a TypeError. ``structured_output_backend`` is the
     grammar library for constrained requests: a name (``llguidance``, ``xgrammar``) or a factory taking
     the model's :class:`~sluice.engines.llm.structured.backend.TokenTable`; it is built at the first one.
-    ``base_dir``: where a relative model path is (default: the working directory; see ``loading.py``).
+    ``base_dir``: where a relative model path is (default: the working directory; see ``loading/model_files.py``).
     """
 
     def __init__(self, model: str | Path, *, structured_output_backend: str | BackendFactory = "llguidance",

@@ -1,6 +1,6 @@
 """What the engine hands back: a finished request (:class:`RequestOutput`) and its numbers (:class:`EngineStats`).
 
-Plain, frozen data, made by ``engine.py``; ``LLM.generate`` / ``step`` return the first, ``LLM.stats`` the
+Plain, frozen data, made by ``llm_engine.py``; ``LLM.generate`` / ``step`` return the first, ``LLM.stats`` the
 second.
 """
 

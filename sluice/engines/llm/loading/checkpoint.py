@@ -65,7 +65,7 @@ def read_checkpoint(path: str | Path, gguf_file: GGUFFile | None = None) -> Chec
 
 def read_model_checkpoint(model: str, base_dir: str | Path | None = None) -> Checkpoint:
     """:func:`read_checkpoint` of the files ``model`` names, found as the engine finds them
-    (``loading.py``) but never fetched: a known model not fetched yet, or a path that does not exist, is a
+    (``loading/model_files.py``) but never fetched: a known model not fetched yet, or a path that does not exist, is a
     ValueError saying so."""
     from sluice.model_store import ModelError, resolve_model
 

@@ -8,7 +8,7 @@ samples this step), which on a prefill step saves a ``(num_tokens, vocab)`` matm
 
 :class:`CausalLM` is the part every family shares: embeddings (scaled for Gemma), the rotary tables (one
 per distinct rope of the layers: Gemma 3's local and global), the stack of the family's decoder layers
-(``models/<family>.py``), the final norm, the LM head (tied or not) and the final-logit soft-cap. The
+(``model/families/<family>.py``), the final norm, the LM head (tied or not) and the final-logit soft-cap. The
 arithmetic follows HF transformers operation by operation, which is what makes greedy parity with it exact
 in fp32. Q/K/V and gate/up projections are fused into one matmul each: fewer, larger matmuls on the CPU.
 """
@@ -90,7 +90,7 @@ class CausalLM(nn.Module):
         row_invariant: bool = True,
         kernels: KernelPlan | None = None,
     ) -> CausalLM:
-        """Build the model from Sluice-named tensors (``models/`` maps and fuses a checkpoint's names).
+        """Build the model from Sluice-named tensors (``model/families/`` maps and fuses a checkpoint's names).
 
         ``weights``: the form of the projections, LM head and embeddings (``quant/policy.py``; ``fp32``: dense
         in ``dtype``). Packed forms are CPU kernels: on another device ``auto`` means dense, and the packed

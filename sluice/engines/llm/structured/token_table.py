@@ -1,7 +1,7 @@
 """The model's token table for a grammar backend, read from the ``tokenizers.Tokenizer`` the engine already has.
 
 Sluice builds its tokenizer itself -- from a HF ``tokenizer.json`` or, for a GGUF file (which has no such
-file), from the vocabulary and merges in the GGUF metadata (``tokenizer.py``). Either way the result is one
+file), from the vocabulary and merges in the GGUF metadata (``loading/chat_tokenizer.py``). Either way the result is one
 ``tokenizers.Tokenizer``, so the grammar backend gets the same tokens the engine encodes and decodes with:
 its JSON (for backends that load it themselves) and, for any tokenizer, the bytes of every token id.
 

@@ -2,8 +2,8 @@
 
 Four block shapes cover every supported family: ``llama`` (pre-norm; also Mistral, Qwen2/3, Phi-3, SmolLM3),
 ``granite`` (pre-norm with scaled residual branches), ``olmo2`` (post-norms only) and ``gemma`` (sandwich
-norms, Gemma 2 and 3). The families themselves (``models/``) are plain data and config
-parsing, readable without torch; the model (``model.py``) builds ``DECODER_LAYERS[family.decoder_layer]``.
+norms, Gemma 2 and 3). The families themselves (``model/families/``) are plain data and config
+parsing, readable without torch; the model (``model/causal_lm.py``) builds ``DECODER_LAYERS[family.decoder_layer]``.
 """
 
 from __future__ import annotations
