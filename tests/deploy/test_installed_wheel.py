@@ -15,8 +15,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -34,7 +36,7 @@ NUM_REVIEWS = 48
 
 
 @pytest.fixture(scope="module")
-def wheel_env(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def wheel_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """A new virtual environment with Sluice installed by deploy/install.sh from a wheel of this checkout."""
     venv = tmp_path_factory.mktemp("installed") / "venv"
     proc = subprocess.run([str(ROOT / "deploy" / "install.sh"), "--venv", str(venv), "--extras", EXTRAS,
@@ -43,7 +45,8 @@ def wheel_env(tmp_path_factory: pytest.TempPathFactory) -> Path:
     site = subprocess.run([str(venv / "bin" / "python"), "-c", "import sluice; print(sluice.__file__)"],
                           capture_output=True, text=True, check=True, cwd="/").stdout
     assert str(venv) in site, f"the environment imports Sluice from {site}, not from its own install"
-    return venv
+    yield venv
+    shutil.rmtree(venv.parent, ignore_errors=True)  # some 6 GB (torch): not left for pytest's retention
 
 
 def _reviews() -> list[tuple[bytes, bytes]]:

@@ -12,8 +12,9 @@ default float32 weights and as int4. The engine's guarantee is stated in ``docs/
 from __future__ import annotations
 
 import random
+import shutil
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -174,8 +175,10 @@ def _random_prompts(vocab: int, seed: int, count: int) -> list[Prompt]:
 
 
 @pytest.fixture(scope="module")
-def llama_1b_shaped(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return save_random_model(tmp_path_factory.mktemp("llama-1b"), "llama-3.2-1b", num_hidden_layers=2, weight_std=0.04)
+def llama_1b_shaped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    folder = tmp_path_factory.mktemp("llama-1b")
+    yield save_random_model(folder, "llama-3.2-1b", num_hidden_layers=2, weight_std=0.04)
+    shutil.rmtree(folder, ignore_errors=True)  # 1.5 GB
 
 
 @pytest.mark.slow
