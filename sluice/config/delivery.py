@@ -14,6 +14,11 @@ class Runtime(Section):
     """Records between poll and delivery; a partition over its share of it is paused (and still polled)."""
     commit_interval_ms: int = Field(default=1000, ge=10)
     """How often the completed-offset watermark is committed."""
+    brake_after_ms: int | None = Field(default=None, ge=0)
+    """At-least-once: once an output has waited this long for the brokers to acknowledge it, or stored
+    offsets for the group to commit them, the run takes and processes no new records until they move. A
+    rebalance during a broker or network fault then makes a process redo about this long's worth of
+    records, not its whole in-flight window (default: three times `commit_interval_ms`; `0`: never brake)."""
     stall_timeout_s: float = Field(default=120.0, gt=0)
     """A part of the operator -- the poll loop, the engine, the delivery reports -- that owes work and gets
     none of it done for this long is stalled: `/healthz` answers 503 naming it (a liveness probe restarts

@@ -48,17 +48,18 @@ class _Delivery:
     thread: the engine thread never polls the producer), so ``left`` needs no lock.
     """
 
-    __slots__ = ("emitter", "records", "left", "num_dead_lettered")
+    __slots__ = ("emitter", "records", "left", "num_dead_lettered", "sent_s")
 
-    def __init__(self, emitter: Emitter, records: list[InputRecord]) -> None:
+    def __init__(self, emitter: Emitter, records: list[InputRecord], sent_s: float) -> None:
         self.emitter = emitter
         self.records = records  # the inputs whose outputs this delivery carries
         self.left = 0
         self.num_dead_lettered = 0
+        self.sent_s = sent_s  # when its records were handed to the producer
 
     def __call__(self, err: Any, msg: Any) -> None:
         if err is not None:
-            self.emitter.delivery_failed(err, msg)  # never acked: nothing past its inputs is committed
+            self.emitter.delivery_failed(err, msg, self)  # never acked: nothing past its inputs is committed
             return
         self.left -= 1
         if self.left == 0:
@@ -76,6 +77,8 @@ class Emitter:
         self.out_topic = pipeline.sink.destination  # a topic, or a file sink's output path
         self.dlq_topic = pipeline.dead_letter_destination
         self.keep_key = pipeline.sink.output.key == "input"
+        # produced and not yet all delivered, oldest first (registered under the state's lock, with the time)
+        self._undelivered: dict[int, _Delivery] = {}
         # replaced by the topics' own limits in read_topic_limits
         self.max_output_bytes = self.max_dead_letter_bytes = 1_000_000
         self.failures = ConsecutiveFailures(pipeline.dead_letter.max_consecutive_failures
@@ -183,9 +186,10 @@ class Emitter:
             return
         with self.state.cond:  # in order under exactly-once (sluice/operator/ledger.py)
             released, outputs, num_dead = self.state.ledger.release(records, outputs, num_results)
-        if not outputs:
-            return
-        delivery = _Delivery(self, released)
+            if not outputs:
+                return
+            delivery = _Delivery(self, released, self.clock())
+            self._undelivered[id(delivery)] = delivery
         delivery.num_dead_lettered = num_dead
         delivery.left = len(outputs)  # set before the first produce can be reported
         produce = self.sink.produce
@@ -216,13 +220,23 @@ class Emitter:
         self.summary.last_out_s = now
         with self.state.cond:
             self.state.ledger.ack_many(delivery.records)
+            self._undelivered.pop(id(delivery), None)
         self.observer.delivered(delivery.records, delivery.num_dead_lettered, now)
 
-    def delivery_failed(self, err: Any, msg: Any) -> None:
+    def oldest_undelivered_s(self) -> float | None:
+        """When the oldest output still waiting for its delivery report was produced (None: none waits).
+        Any thread."""
+        with self.state.cond:
+            oldest = next(iter(self._undelivered.values()), None)
+        return None if oldest is None else oldest.sent_s
+
+    def delivery_failed(self, err: Any, msg: Any, delivery: _Delivery) -> None:
         if err.code() in _PURGED:
             # Aborting a transaction (or replacing the producer after an ambiguous one) purges what is not yet
             # delivered; those records were forgotten and the consumer rewound, so they are processed again.
             log.debug("delivery to %s purged: %s", msg.topic(), err.str())
+            with self.state.cond:
+                self._undelivered.pop(id(delivery), None)
             return
         self.state.stop(f"could not deliver a record to {msg.topic()}: {err.str()}; "
                         "stopping without committing past its input")

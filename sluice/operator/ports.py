@@ -64,6 +64,10 @@ class Source(Protocol):
     def lag(self) -> dict[TopicPartition, int]:
         """Records behind the end, per assigned partition, as last known (for telemetry)."""
 
+    def uncommitted_since(self) -> float | None:
+        """At-least-once: since when stored offsets have waited for the group to commit them (None: none
+        waits, or this source commits at once)."""
+
     def group_metadata(self) -> Any:
         """Exactly-once: the consumer's group metadata, sent with the offsets of each transaction."""
 

@@ -35,8 +35,8 @@ def run_watchdog(state: SharedState, sink: Sink, loop: LoopProgress, stall_after
         return Probe(loop.running, loop.turns)
 
     def engine_probe() -> Probe:
-        queued = len(state.batcher)
-        return Probe(queued > 0 or state.busy, state.num_steps,
+        queued = len(state.batcher)  # braked, queued records wait for deliveries (the delivery probe's stall)
+        return Probe((queued > 0 and not state.braked) or state.busy, state.num_steps,
                      f"{queued} records queued" + (", a batch running" if state.busy else ""))
 
     def delivery_probe() -> Probe:

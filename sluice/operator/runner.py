@@ -32,7 +32,7 @@ from sluice.engines.engine_contract import BatchEngine, ContinuousEngine
 from sluice.engines.identity import ModelIdentity
 from sluice.engines.model_source import identify
 from sluice.operator.adaptive import AdaptivePolicy
-from sluice.operator.backpressure import Backpressure
+from sluice.operator.backpressure import Backpressure, delivery_brake
 from sluice.operator.batcher import Batcher, BatchPolicy
 from sluice.operator.continuous import ContinuousWorker
 from sluice.operator.delivery import STRATEGIES, Outcome
@@ -75,8 +75,7 @@ class Runner:
         The caller closes :attr:`engine` after the run, the engine serving at its end: after a reload that
         is not the one given here (which the reloader closed once it was replaced)."""
         p = loaded.pipeline
-        self.pipeline = p
-        self.source, self.sink = source, sink
+        self.pipeline, self.source, self.sink = p, source, sink
         self.max_records, self.idle_exit_s, self.clock = max_records, idle_exit_s, clock
         self.observer = observer or Observer()
         codec = codec or RecordCodec(p.codec, p.sink.output)
@@ -101,8 +100,9 @@ class Runner:
                              preserve_order=p.sink.output.preserve_order)
             if isinstance(engine, ContinuousEngine) else
             EngineWorker(self.state, self.serving, self.emitter, clock, self.observer, retire))
+        brake = delivery_brake(p.runtime, delivery_type.in_order, self.emitter, source, clock)
         self.backpressure = Backpressure(p.runtime.max_in_flight, engine.records_per_poll() or _POLL_BATCH,
-                                         self.state, source, self.intake.is_stalled)  # small polls: waits on a store
+                                         self.state, source, self.intake.is_stalled, brake)  # small polls: waits on a store
         self.delivery = delivery_type(p, self.state, source, sink, clock)
         self._stop = threading.Event()
         self._loop = LoopProgress()  # the poll loop's progress, for the watchdog

@@ -17,6 +17,7 @@ field                written by
 ``busy``             engine thread: it holds a batch (or a step) it has not finished producing
 ``num_steps``        engine thread: batches (steps) finished; read without the lock by the watchdog
 ``hold``             the delivery strategy (intake): the engine thread must not take new work
+``braked``           backpressure's delivery brake (intake): no new work either, until deliveries flow
 ``draining``         shutdown: take every queued record, due or not, then exit
 ``stopped``          shutdown, or :meth:`stop` on a fatal error: the engine thread exits now
 ``forced``           :meth:`force` (a second signal; written without the lock, from a signal handler)
@@ -92,6 +93,7 @@ class SharedState:
         self.busy = False
         self.num_steps = 0  # batches (LLM steps) the engine thread finished: its progress, for the watchdog
         self.hold = False
+        self.braked = False
         self.draining = False
         self.stopped = False
         self.forced = False
@@ -147,6 +149,7 @@ class SharedState:
         when the operator stops on an error."""
         with self.cond:
             self.draining = True
+            self.braked = False  # what is queued is processed within the drain timeout, stalled or not
             if self._stop_reason is not None:
                 self.stopped = True
             self.cond.notify_all()

@@ -82,14 +82,15 @@ class EngineThread(threading.Thread, ABC, Generic[W]):
             while not s.stopped:
                 self._abandon(*s.take_abandoned())
                 now = self.clock()
-                if not s.hold:
+                held = s.hold or s.braked
+                if not held:
                     work = self._take(now)
                     if work is not None:
                         s.busy = True
                         return work
                     if s.draining:
                         return None
-                s.cond.wait(None if s.hold else self._wait_s(now))
+                s.cond.wait(None if held else self._wait_s(now))
             return None
 
     @abstractmethod

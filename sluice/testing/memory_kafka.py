@@ -1,15 +1,13 @@
-"""A Kafka source and sink in memory, for running the real :class:`~sluice.operator.runner.Runner` without
-a broker.
+"""A Kafka source and sink in memory, for running the real :class:`~sluice.operator.runner.Runner` without a broker.
 
-They keep the contracts of sluice/operator/ports.py that the runner relies on -- delivery reports served on
-``poll`` / ``flush`` by the thread that calls them, offsets stored and committed per partition, rebalance
-callbacks from within ``poll``, transactions whose outputs and offsets commit or abort together -- and
-record everything, in one ordered event log, so a test can check that each input ended in the output or the
-dead-letter topic exactly once, what was committed, and in which order things happened: thousands of
-records in a second, no broker (Sluice's own tests cover Kafka itself on a real one).
+They keep the runner's contracts (sluice/operator/ports.py) -- delivery reports served on ``poll`` / ``flush`` by
+the calling thread, offsets stored and committed per partition, rebalance callbacks from within ``poll``,
+transactions whose outputs and offsets commit or abort together -- and record everything in one ordered event log:
+a test checks that each input ended in the output or the dead-letter topic exactly once, what was committed, and in
+which order. Thousands of records a second, no broker.
 
-Time may be a :class:`ManualClock`: an empty poll moves it on by the poll's timeout, one with records by
-``poll_s``, so commit intervals, transaction intervals and batch deadlines pass by polls, not by wall time.
+Time may be a :class:`ManualClock`: an empty poll moves it on by its timeout, one with records by ``poll_s``:
+commit intervals, transaction intervals and batch deadlines pass by polls, not by wall time.
 """
 
 from __future__ import annotations
@@ -148,6 +146,9 @@ class MemorySource:
     def lag(self) -> dict[TopicPartition, int]:
         return {}
 
+    def uncommitted_since(self) -> float | None:  # commits take effect at once
+        return None
+
     @property
     def paused_partitions(self) -> set[TopicPartition]:
         return self.paused
@@ -263,7 +264,6 @@ class MemorySink:
         return [p for p in self.produced if p.topic == topic]
 
     # --------------------------------------------------------------------------------- transactions
-
     def init_transactions(self, timeout_s: float = 60) -> None:
         self.log.add("init_transactions", None)
 

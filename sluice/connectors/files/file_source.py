@@ -167,6 +167,9 @@ class FileSource:
 
     # ------------------------------------------------------------------------------- the rest
 
+    def uncommitted_since(self) -> float | None:
+        return None  # a file job's progress is its own file, written at once
+
     def lag(self) -> dict[TopicPartition, int]:
         """Rows not read yet, per file not done: exact for Parquet; for JSON lines, estimated from the bytes
         left at this run's rows per byte (nothing until the first rows are read)."""

@@ -11,11 +11,13 @@ from sluice.connectors.kafka.security import security_config
 
 
 def consumer_config(cfg: KafkaSourceConfig, commit_interval_ms: int, transactional: bool,
-                    group_instance_id: str | None, stats_cb: Callable[[str], None]) -> dict[str, Any]:
+                    group_instance_id: str | None, stats_cb: Callable[[str], None],
+                    on_commit: Callable[[Any, Any], None] | None = None) -> dict[str, Any]:
     """librdkafka settings of the source's consumer; the pipeline's own ``config`` entries override them.
 
     ``transactional``: offsets are committed only through the producer's transactions (exactly-once), and
-    only committed records are read. ``group_instance_id``: static group membership."""
+    only committed records are read. ``group_instance_id``: static group membership. ``on_commit``: called
+    with each commit's outcome (error, partitions), from the consumer's poll."""
     conf: dict[str, Any] = {
         "bootstrap.servers": cfg.bootstrap_servers,
         "group.id": cfg.group_id,
@@ -33,6 +35,8 @@ def consumer_config(cfg: KafkaSourceConfig, commit_interval_ms: int, transaction
         "statistics.interval.ms": 5000,
         "stats_cb": stats_cb,
     }
+    if on_commit is not None:
+        conf["on_commit"] = on_commit
     if transactional:
         conf.update({"enable.auto.commit": False, "isolation.level": "read_committed"})
     if group_instance_id is not None:

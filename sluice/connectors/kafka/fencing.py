@@ -21,6 +21,16 @@ def is_fenced_instance(err: KafkaError) -> bool:
     return err.code() == KafkaError.FENCED_INSTANCE_ID or "static consumer fenced" in err.str().lower()
 
 
+def fatal_hint(err: KafkaError, group_instance_id: str | None) -> str:
+    """What to do about a consumer's fatal error, where static membership may explain it ("" otherwise)."""
+    if group_instance_id is None and "fenced" not in err.str().lower():
+        return ""
+    return (f" (another running consumer uses this group.instance.id, {group_instance_id}: each process of a "
+            "group needs its own. The default, sluice-<group>-<hostname>-<slot>, is unique on one host; where "
+            "two hosts share a hostname, set source.kafka.static_membership: false or a group.instance.id of "
+            "your own per process)")
+
+
 @dataclass
 class RejoinBudget:
     """At most ``max_rejoins`` rejoins within any ``window_s``."""

@@ -17,9 +17,11 @@ from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, 
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 
 from sluice.config import KafkaSource as KafkaSourceConfig
+from sluice.connectors.kafka.commit_watch import CommitWatch
 from sluice.connectors.kafka.connectivity import ConnectivityLog, is_connectivity
 from sluice.connectors.kafka.consumer_config import consumer_config
-from sluice.connectors.kafka.fencing import RejoinBudget, is_fenced_instance
+from sluice.connectors.kafka.fencing import RejoinBudget, fatal_hint, is_fenced_instance
+from sluice.connectors.kafka.group_offsets import committed_offsets
 from sluice.connectors.kafka.statistics import read_statistics
 from sluice.operator.ports import PartitionsCallback, SourceFailed
 from sluice.operator.record import InputRecord, TopicPartition
@@ -43,7 +45,9 @@ class KafkaSource:
         self._clock = clock
         self._connectivity = ConnectivityLog("kafka consumer", log, clock)
         self.transactional = transactional
-        conf = consumer_config(cfg, commit_interval_ms, transactional, group_instance_id, self._on_stats)
+        self.commits = CommitWatch(clock)  # stored offsets the group has not committed yet (at-least-once)
+        conf = consumer_config(cfg, commit_interval_ms, transactional, group_instance_id, self._on_stats,
+                               None if transactional else self.commits.on_commit)
         self._conf = conf
         self._consumer = Consumer(conf)
         self._callbacks: tuple[PartitionsCallback, PartitionsCallback, PartitionsCallback] | None = None
@@ -113,10 +117,8 @@ class KafkaSource:
                 self._on_error(err)
                 continue
             record = self._to_record(m, now)
-            if record.tp not in assigned:
-                # Fetched before a revoke that the same consume() call served: the partition is no longer
-                # ours (its next owner processes the record), and its offset must not be tracked here.
-                continue
+            if record.tp not in assigned:  # fetched before a revoke the same consume() call served: the
+                continue  # partition is no longer ours (its next owner processes it); its offset is not tracked
             next_offset = expected.get(record.tp)
             if next_offset is not None and record.offset < next_offset:
                 self._redelivered(record)
@@ -150,13 +152,17 @@ class KafkaSource:
 
     def store(self, watermarks: dict[TopicPartition, int]) -> None:
         """Store offsets (committed by the next auto-commit or :meth:`commit`)."""
-        offsets = [KafkaTopicPartition(tp.topic, tp.partition, off) for tp, off in watermarks.items()
-                   if tp in self.assignment]
-        if offsets:
+        mine = {tp: off for tp, off in watermarks.items() if tp in self.assignment}
+        if mine:
             try:
-                self._consumer.store_offsets(offsets=offsets)
+                self._consumer.store_offsets(offsets=[KafkaTopicPartition(tp.topic, tp.partition, off)
+                                                      for tp, off in mine.items()])
+                self.commits.stored(mine)
             except KafkaException as err:  # e.g. the partition was revoked a moment ago
                 log.debug("store_offsets failed: %s", err)
+
+    def uncommitted_since(self) -> float | None:
+        return self.commits.since
 
     def commit(self, watermarks: dict[TopicPartition, int]) -> None:
         """Store and commit ``watermarks`` synchronously (revoke, shutdown).
@@ -185,6 +191,7 @@ class KafkaSource:
             except KafkaException as err:
                 log.debug("resume of leaving partitions failed: %s", err)
         self.assignment.difference_update(tps)
+        self.commits.forget(tps)
         self._paused.difference_update(tps)
         self._forget_positions(tps)
         for tp in tps:
@@ -217,7 +224,7 @@ class KafkaSource:
             return
         self._forget_positions(tps)
         reset = OFFSET_BEGINNING if self.cfg.auto_offset_reset == "earliest" else OFFSET_END
-        for part in self._consumer.committed(parts, timeout=30):
+        for part in committed_offsets(self._consumer, parts):  # waits out a moving coordinator
             if part.error is not None:
                 raise KafkaException(part.error)
             if part.offset < 0:  # nothing committed yet: back to where this assignment started reading
@@ -264,13 +271,7 @@ class KafkaSource:
                 self._rejoin(err)
                 return
             self._failed = True
-            hint = ""
-            if self.group_instance_id is not None or "fenced" in err.str().lower():
-                hint = (f" (another running consumer uses this group.instance.id, {self.group_instance_id}: each "
-                        "process of a group needs its own. The default, sluice-<group>-<hostname>-<slot>, is "
-                        "unique on one host; where two hosts share a hostname, set "
-                        "source.kafka.static_membership: false or a group.instance.id of your own per process)")
-            raise SourceFailed(f"kafka consumer: fatal error: {err.str()}{hint}")
+            raise SourceFailed(f"kafka consumer: fatal error: {err.str()}{fatal_hint(err, self.group_instance_id)}")
         # Transient: broker down, leader moving... librdkafka retries by itself.
         if is_connectivity(err):
             self._connectivity.error(err.str())
