@@ -25,6 +25,9 @@ Commands:
         \$SLUICE_KAFKA_SASL_USER, default sluice, password \$SLUICE_KAFKA_SASL_PASSWORD, default a
         random one); --tls (implies --sasl) adds a SASL_SSL listener on P+300.. with a throw-away CA
         in DIR/tls/. The plaintext listener stays as it is.
+        --netns NS1=IP1,NS2=IP2,... runs node N in the network namespace NSn (made beforehand, e.g.
+        by tests/support/network.py), listening and advertising on IPn instead of 127.0.0.1: each
+        node a host of its own, for network-fault tests (root only; not with --sasl / --tls).
   security [--dir DIR]
         Print the secured listeners' settings as shell assignments (SLUICE_KAFKA_SASL_BOOTSTRAP,
         SLUICE_KAFKA_SASL_USER, SLUICE_KAFKA_SASL_PASSWORD, SLUICE_KAFKA_TLS_BOOTSTRAP,
@@ -91,6 +94,20 @@ resolve_jars() {
 
 node_dir() { echo "$RUN_DIR/node-$1"; }
 
+# node_host N / node_netns N : node N's address, and its network namespace ("" outside --netns).
+node_host() {
+    if [[ -z "${NETNS:-}" ]]; then echo 127.0.0.1; return; fi
+    local spec
+    IFS=, read -ra spec <<<"$NETNS"
+    echo "${spec[$(($1 - 1))]#*=}"
+}
+node_netns() {
+    if [[ -z "${NETNS:-}" ]]; then return; fi
+    local spec
+    IFS=, read -ra spec <<<"$NETNS"
+    echo "${spec[$(($1 - 1))]%%=*}"
+}
+
 load_cluster() {
     [[ -f "$RUN_DIR/cluster.env" ]] || die "no cluster in $RUN_DIR (run 'kafka.sh start' first)"
     # shellcheck disable=SC1091
@@ -124,12 +141,13 @@ log_tails() {  # log_tails NODE... : the end of each node's logs, for error mess
 write_server_properties() {  # write_server_properties NODE : fills in server.properties.template
     local n="$1" voters="" i text
     for ((i = 1; i <= NODES; i++)); do
-        voters+="${voters:+,}$i@127.0.0.1:$((CONTROLLER_PORT + i - 1))"
+        voters+="${voters:+,}$i@$(node_host "$i"):$((CONTROLLER_PORT + i - 1))"
     done
     local replication=$((NODES >= 3 ? 3 : NODES))
     local min_isr=$((replication >= 3 ? 2 : 1))
     text="$(<"$SCRIPT_DIR/server.properties.template")"
     text="${text//@NODE_ID@/$n}"
+    text="${text//@HOST@/$(node_host "$n")}"
     text="${text//@VOTERS@/$voters}"
     text="${text//@PORT@/$((PORT + n - 1))}"
     text="${text//@CONTROLLER_PORT@/$((CONTROLLER_PORT + n - 1))}"
@@ -230,9 +248,11 @@ launch_node() {  # launch_node NODE : starts the JVM in its own session and reco
     # Default extra option: C1 JIT only, which halves the CPU a node burns to start (2 s instead of
     # 4 s on a 2-core machine); 100k records through confluent-kafka ran as fast as with the full
     # JIT. For broker-bound benchmarks set SLUICE_KAFKA_JVM_OPTS='' (or other options).
-    local jvm_opts="${SLUICE_KAFKA_JVM_OPTS--XX:TieredStopAtLevel=1}"
+    local jvm_opts="${SLUICE_KAFKA_JVM_OPTS--XX:TieredStopAtLevel=1}" netns=()
+    # 'ip netns exec' execs java in place: the recorded PID is still the broker's
+    if [[ -n "$(node_netns "$n")" ]]; then netns=(ip netns exec "$(node_netns "$n")"); fi
     # shellcheck disable=SC2086 # jvm_opts holds several options
-    setsid java -Xms"${HEAP_MB}m" -Xmx"${HEAP_MB}m" -XX:+UseG1GC -XX:MaxGCPauseMillis=20 \
+    setsid "${netns[@]}" java -Xms"${HEAP_MB}m" -Xmx"${HEAP_MB}m" -XX:+UseG1GC -XX:MaxGCPauseMillis=20 \
         -XX:+ExitOnOutOfMemoryError -Djava.awt.headless=true $jvm_opts \
         -Dlog4j2.configurationFile="$SCRIPT_DIR/log4j2.properties" -Dkafka.logs.dir="$dir" \
         -cp "$LIB_DIR/*" kafka.Kafka "$dir/server.properties" \
@@ -312,6 +332,17 @@ cmd_start() {
     [[ -z "$WATCH_PID" || "$WATCH_PID" =~ ^[0-9]+$ ]] || die "--watch-pid must be a process id (got '$WATCH_PID')"
     CONTROLLER_PORT="${CONTROLLER_PORT:-$((PORT + 100))}"
     HEAP_MB="${HEAP_MB:-${SLUICE_KAFKA_HEAP_MB:-512}}"
+    if [[ -n "$NETNS" ]]; then
+        local specs spec
+        IFS=, read -ra specs <<<"$NETNS"
+        ((${#specs[@]} == NODES)) || die "--netns names ${#specs[@]} namespaces for $NODES nodes (one NS=IP per node)"
+        ((SASL == 0)) || die "--netns does not go with --sasl / --tls"
+        for spec in "${specs[@]}"; do
+            [[ "$spec" =~ ^[A-Za-z0-9_.-]+=[0-9.]+$ ]] || die "--netns wants NS=IP per node, comma-separated (got '$spec')"
+            ip netns exec "${spec%%=*}" true 2>/dev/null ||
+                die "network namespace '${spec%%=*}' does not exist (or this is not root)"
+        done
+    fi
     local d
     for d in "$RUN_DIR"/node-*; do
         [[ -d "$d" ]] && node_pid "${d##*/node-}" >/dev/null &&
@@ -329,7 +360,7 @@ cmd_start() {
     done
 
     BOOTSTRAP=""
-    for ((i = 0; i < NODES; i++)); do BOOTSTRAP+="${BOOTSTRAP:+,}127.0.0.1:$((PORT + i))"; done
+    for ((i = 0; i < NODES; i++)); do BOOTSTRAP+="${BOOTSTRAP:+,}$(node_host $((i + 1))):$((PORT + i))"; done
     local cluster_id
     cluster_id="$(random_cluster_id)"
     rm -rf "$RUN_DIR"/node-*
@@ -340,6 +371,7 @@ CONTROLLER_PORT=$CONTROLLER_PORT
 HEAP_MB=$HEAP_MB
 CLUSTER_ID=$cluster_id
 BOOTSTRAP=$BOOTSTRAP
+NETNS=$NETNS
 SASL=$SASL
 TLS=$TLS
 EOF
@@ -394,7 +426,7 @@ cmd_status() {
     local n pid down=0
     for n in $(all_nodes); do
         if pid="$(node_pid "$n")"; then
-            echo "node $n: running (pid $pid, 127.0.0.1:$((PORT + n - 1)))"
+            echo "node $n: running (pid $pid, $(node_host "$n"):$((PORT + n - 1)))"
         else
             echo "node $n: stopped"
             down=1
@@ -442,7 +474,7 @@ case "$COMMAND" in -h | --help | help) echo "$HELP_TEXT"; exit 0 ;; esac
 
 RUN_DIR="${SLUICE_KAFKA_DIR:-$SCRIPT_DIR/run}"
 PORT=9092 NODES=1 CONTROLLER_PORT="" HEAP_MB="" TIMEOUT_S=120 STOP_TIMEOUT_S=30 SIGNAL=KILL NODE_ARG="" WATCH_PID=""
-SASL=0 TLS=0
+SASL=0 TLS=0 NETNS=""
 if [[ "$COMMAND" == kill-node || "$COMMAND" == start-node || "$COMMAND" == _watch ]]; then
     NODE_ARG="${1:-}"
     [[ -n "$NODE_ARG" ]] || die "$COMMAND needs a node number"
@@ -458,6 +490,7 @@ while (($#)); do
         --watch-pid) WATCH_PID="${2:?--watch-pid needs a value}"; shift 2 ;;
         --signal) SIGNAL="${2:?--signal needs a value}"; shift 2 ;;
         --sasl) SASL=1; shift ;;
+        --netns) NETNS="${2:?--netns needs NS1=IP1,NS2=IP2,...}"; shift 2 ;;
         --tls) SASL=1 TLS=1; shift ;;
         --timeout)
             TIMEOUT_S="${2:?--timeout needs a value}"; STOP_TIMEOUT_S="$TIMEOUT_S"; shift 2 ;;

@@ -19,9 +19,9 @@ VERSION="${SLUICE_REGISTRY_VERSION:-3.3.3}"
 HELP_TEXT="usage: registry.sh COMMAND [options]
 
 Commands:
-  start [--port P] [--dir DIR] [--storage file|mem] [--timeout S] [--watch-pid PID]
-        Start a fresh registry (empty storage) on 127.0.0.1:P (default 8081; management port P+1) and
-        wait until it answers; print its URL (http://127.0.0.1:P/apis/ccompat/v7).
+  start [--port P] [--host H] [--dir DIR] [--storage file|mem] [--timeout S] [--watch-pid PID]
+        Start a fresh registry (empty storage) on H:P (default 127.0.0.1:8081; management port P+1)
+        and wait until it answers; print its URL (http://H:P/apis/ccompat/v7).
         --storage file (default): an H2 database in DIR/data, kept across 'kill' + 'restart', so schema
         ids survive a crash as they do in a production registry; mem: nothing survives a restart.
         --watch-pid PID: also stop the registry once process PID exits (test runners pass their own).
@@ -146,8 +146,8 @@ launch() {  # starts the JVM in its own session and records its PID
     setsid "$java" -Xms64m -Xmx384m -XX:+UseSerialGC -XX:TieredStopAtLevel=1 -XX:+ExitOnOutOfMemoryError \
         ${SLUICE_REGISTRY_JVM_OPTS:-} \
         "-Dsluice.registry.dir=$RUN_DIR" \
-        -Dquarkus.http.host=127.0.0.1 "-Dquarkus.http.port=$PORT" \
-        -Dquarkus.management.host=127.0.0.1 "-Dquarkus.management.port=$((PORT + 1))" \
+        "-Dquarkus.http.host=$HOST" "-Dquarkus.http.port=$PORT" \
+        "-Dquarkus.management.host=$HOST" "-Dquarkus.management.port=$((PORT + 1))" \
         -Dquarkus.http.access-log.enabled=false \
         -Dapicurio.rules.global.compatibility=BACKWARD \
         -Dapicurio.ccompat.use-canonical-hash=true \
@@ -195,9 +195,10 @@ cmd_start() {
     for p in "$PORT" $((PORT + 1)); do
         port_in_use "$p" && die "port $p on 127.0.0.1 is already in use (choose another with --port)"
     done
-    URL="http://127.0.0.1:$PORT/apis/ccompat/v7"
+    [[ "$HOST" =~ ^[0-9.]+$ ]] || die "--host must be an IPv4 address (got '$HOST')"
+    URL="http://$HOST:$PORT/apis/ccompat/v7"
     rm -rf "$RUN_DIR/data"
-    printf 'PORT=%s\nSTORAGE=%s\nURL=%s\n' "$PORT" "$STORAGE" "$URL" >"$RUN_DIR/registry.env"
+    printf 'PORT=%s\nHOST=%s\nSTORAGE=%s\nURL=%s\n' "$PORT" "$HOST" "$STORAGE" "$URL" >"$RUN_DIR/registry.env"
     launch
     wait_ready
     if [[ -n "$WATCH_PID" ]]; then
@@ -240,11 +241,12 @@ shift
 case "$COMMAND" in -h | --help | help) echo "$HELP_TEXT"; exit 0 ;; esac
 
 RUN_DIR="${SLUICE_REGISTRY_DIR:-$SCRIPT_DIR/run}"
-PORT=8081 STORAGE=file TIMEOUT_S=120 STOP_TIMEOUT_S=20 SIGNAL=KILL WATCH_PID="" WATCHED=""
+PORT=8081 HOST=127.0.0.1 STORAGE=file TIMEOUT_S=120 STOP_TIMEOUT_S=20 SIGNAL=KILL WATCH_PID="" WATCHED=""
 if [[ "$COMMAND" == _watch ]]; then WATCHED="${1:?_watch needs a process id}"; shift; fi
 while (($#)); do
     case "$1" in
         --port) PORT="${2:?--port needs a value}"; shift 2 ;;
+        --host) HOST="${2:?--host needs a value}"; shift 2 ;;
         --dir) RUN_DIR="${2:?--dir needs a value}"; shift 2 ;;
         --storage) STORAGE="${2:?--storage needs a value}"; shift 2 ;;
         --watch-pid) WATCH_PID="${2:?--watch-pid needs a value}"; shift 2 ;;

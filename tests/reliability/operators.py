@@ -10,7 +10,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -20,7 +20,9 @@ class Operator:
     """One ``sluice run`` process; the test owns it (``close`` kills it if it still runs)."""
 
     def __init__(self, pipeline: Path, log_path: Path, *, idle_exit_s: float | None = None,
-                 env: Mapping[str, str] | None = None) -> None:
+                 env: Mapping[str, str] | None = None, launcher: Sequence[str] = ()) -> None:
+        """``launcher``: words put before the command, which must exec it in place (the PID stays the
+        operator's), e.g. ``ip netns exec NS`` to run it on a host of tests/support/network.py."""
         # RELIABILITY_LOG_LEVEL=debug: the operators' own logs in full, for chasing a failure
         level = os.environ.get("RELIABILITY_LOG_LEVEL", "info")
         args = [sys.executable, "-m", "sluice.cli", "--log-level", level, "run", str(pipeline)]
@@ -28,7 +30,7 @@ class Operator:
             args += ["--idle-exit", str(idle_exit_s)]
         self.log_path = log_path
         self._log = log_path.open("w")
-        self.proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=self._log,
+        self.proc = subprocess.Popen([*launcher, *args], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=self._log,
                                      env={**os.environ, **(env or {})})
 
     @property
@@ -56,7 +58,16 @@ class Operator:
             return self.proc.wait(timeout_s)
         except subprocess.TimeoutExpired:
             raise TimeoutError(f"operator {self.pid} still running after {timeout_s}s; log tail:\n"
-                               f"{self.log()[-3000:]}") from None
+                               f"{self.log()[-3000:]}\n{self.stacks()}") from None
+
+    def stacks(self) -> str:
+        """Every thread's Python stack now (py-spy, a dev dependency), to show where a process is stuck."""
+        spy = Path(sys.executable).with_name("py-spy")
+        if not spy.exists():
+            return "(no stacks: py-spy is not installed)"
+        proc = subprocess.run([str(spy), "dump", "--pid", str(self.pid)], capture_output=True, text=True,
+                              timeout=60, check=False)
+        return f"py-spy dump of operator {self.pid}:\n{proc.stdout}{proc.stderr}"
 
     def peak_rss_bytes(self) -> int:
         """Peak resident set size so far (Linux VmHWM); the process must still run."""

@@ -82,17 +82,22 @@ class KafkaCluster:
         self.secured = secured  # the SASL / SASL_SSL listeners, when started with secured=True
 
     @classmethod
-    def start(cls, run_dir: Path, num_nodes: int = 1, timeout_s: float = 120.0, secured: bool = False) -> KafkaCluster:
+    def start(cls, run_dir: Path, num_nodes: int = 1, timeout_s: float = 120.0, secured: bool = False,
+              hosts: Sequence[tuple[str, str]] = ()) -> KafkaCluster:
         """Start a fresh cluster on free loopback ports; returns once every node serves requests.
 
         ``secured`` adds SASL_PLAINTEXT and SASL_SSL listeners (``kafka.sh start --tls``) next to the
-        plaintext one. The cluster also stops by itself once this Python process exits, even if it is killed.
+        plaintext one. ``hosts``: a (network namespace, address) per node, to run each node as a host of its
+        own (``kafka.sh --netns``; tests/support/network.py makes them). The cluster also stops by itself
+        once this Python process exits, even if it is killed.
         """
         port, controller_port = free_port_block(num_nodes)
         args = ["start", "--nodes", str(num_nodes), "--port", str(port), "--controller-port", str(controller_port),
                 "--watch-pid", str(os.getpid())]
         if secured:
             args.append("--tls")
+        if hosts:
+            args += ["--netns", ",".join(f"{ns}={address}" for ns, address in hosts)]
         bootstrap = _run_script(run_dir, *args, "--timeout", str(int(timeout_s))).strip()
         listeners = None
         if secured:

@@ -21,11 +21,12 @@ class RegistryServer:
         self.url = url  # http://127.0.0.1:P/apis/ccompat/v7: what a SchemaRegistryClient is given
 
     @classmethod
-    def start(cls, run_dir: Path, timeout_s: float = 120.0) -> RegistryServer:
-        """A fresh registry (empty, file-backed storage) on a free loopback port; returns once it answers.
-        It also stops by itself once this Python process exits, even if it is killed."""
+    def start(cls, run_dir: Path, timeout_s: float = 120.0, host: str = "127.0.0.1") -> RegistryServer:
+        """A fresh registry (empty, file-backed storage) on a free port of ``host`` (an address of this
+        machine); returns once it answers. It also stops by itself once this Python process exits, even if
+        it is killed."""
         port, _ = free_port_block(1)
-        url = _run_script(run_dir, "start", "--port", str(port), "--watch-pid", str(os.getpid()),
+        url = _run_script(run_dir, "start", "--port", str(port), "--host", host, "--watch-pid", str(os.getpid()),
                           "--timeout", str(int(timeout_s))).strip()
         return cls(run_dir, url)
 
