@@ -113,7 +113,7 @@ class Backpressure:
         braked = self._brake_engaged()
         if not source.assignment or (not paused and not braked
                                      and total < self.max_in_flight // len(source.assignment)):
-            return  # nothing can be over its share: the common case costs two lookups
+            return  # nothing can be over its share and the brake is off: the common case, a few lookups
         share = self._share()
         over_total = braked or total >= self.max_in_flight
         to_pause, to_resume = [], []

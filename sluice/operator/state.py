@@ -17,7 +17,7 @@ field                written by
 ``busy``             engine thread: it holds a batch (or a step) it has not finished producing
 ``num_steps``        engine thread: batches (steps) finished; read without the lock by the watchdog
 ``hold``             the delivery strategy (intake): the engine thread must not take new work
-``braked``           backpressure's delivery brake (intake): no new work either, until deliveries flow
+``braked``           backpressure's delivery brake (intake): no new work either, until deliveries and commits move
 ``draining``         shutdown: take every queued record, due or not, then exit
 ``stopped``          shutdown, or :meth:`stop` on a fatal error: the engine thread exits now
 ``forced``           :meth:`force` (a second signal; written without the lock, from a signal handler)
