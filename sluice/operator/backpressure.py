@@ -65,11 +65,7 @@ class Undelivered(Protocol):
     def oldest_undelivered_s(self) -> float | None: ...
 
 
-class Uncommitted(Protocol):
-    def uncommitted_since(self) -> float | None: ...
-
-
-def delivery_brake(runtime: Runtime, in_order: bool, outputs: Undelivered, source: Uncommitted,
+def delivery_brake(runtime: Runtime, in_order: bool, outputs: Undelivered, source: Source,
                    clock: Callable[[], float]) -> DeliveryBrake | None:
     """The brake of an at-least-once run (``outputs``: the emitter); none under exactly-once (``in_order``),
     where every transaction commit waits for all deliveries and a move aborts what is not committed; none

@@ -49,8 +49,9 @@ class CommitWatch:
             log.debug("offset commit failed: %s", err.str())
             return
         done = {TopicPartition(p.topic, p.partition): p.offset for p in parts if p.error is None and p.offset >= 0}
-        log.debug("offsets committed (%s): %s", err.str() if err is not None else "ok",
-                  ", ".join(f"{tp.topic}[{tp.partition}]@{off}" for tp, off in done.items()))
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("offsets committed (%s): %s", err.str() if err is not None else "ok",
+                      ", ".join(f"{tp.topic}[{tp.partition}]@{off}" for tp, off in done.items()))
         self.confirmed(done)
 
     def forget(self, tps: Iterable[TopicPartition]) -> None:

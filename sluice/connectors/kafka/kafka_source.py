@@ -225,8 +225,6 @@ class KafkaSource:
         self._forget_positions(tps)
         reset = OFFSET_BEGINNING if self.cfg.auto_offset_reset == "earliest" else OFFSET_END
         for part in committed_offsets(self._consumer, parts):  # waits out a moving coordinator
-            if part.error is not None:
-                raise KafkaException(part.error)
             if part.offset < 0:  # nothing committed yet: back to where this assignment started reading
                 part.offset = self._first_offset.get(TopicPartition(part.topic, part.partition), reset)
             self._consumer.seek(part)
