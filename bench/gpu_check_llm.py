@@ -15,6 +15,8 @@ says so). Rows, each measured or with a one-line reason:
   device-copy bandwidth measured in this process;
   ``kernel_ms`` is the CUDA kernels' own time per step from the profiler, and ``busy`` = kernel_ms /
   step_ms: far below 1 means the step is bound by the host launching kernels, which CUDA graphs remove.
+* ``decode graphs ...``: the same decode steps with ``kernels.decode_graphs`` on and off in one engine, and
+  whether their greedy tokens are equal (``bench/gpu_check_graphs.py``); the rows above run eager.
 * ``throughput ...``: the labelling workload, Sluice with every request at once (continuous batching,
   prefix cache) against HF static batches; output tokens/s and the ratio to the best HF row.
 """
@@ -29,6 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from gpu_check_common import Clock, Rows, child_args, copy_bandwidth_bytes_per_s, one_line
+from gpu_check_graphs import graph_rows
+from gpu_check_graphs import planned as graphs_planned
 from gpu_check_llm_reference import hf_greedy, hf_static, labelling_workload, parity_prompts, parity_summary
 from gpu_check_models import DecoderSpec, build_decoder, decoder, probe_dir, save_decoder, scratch_dir
 
@@ -49,6 +53,7 @@ class Settings:
     kv_cache_memory_bytes: int
     max_model_len: int
     copy_bytes: int  # size of the bandwidth probe's buffer (well past the L2 cache)
+    graph_batches: tuple[int, ...] = (1, 8)  # decode steps timed with decode graphs on and off
 
 
 PROFILES = {
@@ -68,6 +73,7 @@ def planned(s: Settings) -> dict[str, str]:
     names.update({f"decode bs={b}": "decode" for b in s.decode_batches})
     names.update({f"throughput hf-static-{b}": "throughput" for b in s.hf_batches})
     names["throughput sluice"] = "throughput"
+    names.update(graphs_planned(s.graph_batches))
     return names
 
 
@@ -205,7 +211,7 @@ def main() -> None:
 
         options = dict(device=args.device, max_num_seqs=s.max_num_seqs, max_num_batched_tokens=s.max_num_batched_tokens,
                        kv_cache_memory_bytes=s.kv_cache_memory_bytes, max_model_len=s.max_model_len,
-                       kernels=NO_NATIVE_BUILD)
+                       kernels={**NO_NATIVE_BUILD, "decode_graphs": "off"})  # graphed: the rows below
         for dtype in ("fp32", "bf16"):
             llm = None
             with rows.attempt(f"parity {dtype}"):
@@ -248,6 +254,16 @@ def main() -> None:
                               vs_best_hf=round(tok_s / best_hf, 2) if best_hf else None,
                               prefix_cache_hit_rate=round(llm.stats.prefix_cache_hit_rate, 3))
             del llm
+            gc.collect()
+            if clock.left() < 10:
+                rows.reason("decode graphs", f"skipped: {clock.left():.0f} s left in the step")
+                continue
+            with rows.attempt("decode graphs"):
+                graph_rows(rows, lambda **more: LLM(str(model_dir), dtype="bfloat16", **{**options, **more}),
+                           s.graph_batches, prompts, lambda llm: sluice_greedy(llm, prompts, s.parity_new),
+                           lambda llm, b: decode_row(llm, b, s, cfg["vocab_size"], cuda),
+                           lambda b, kv_len, per_token=kv_bytes_per_token, bw=bandwidth:
+                               (weight_bytes + b * kv_len * per_token) / bw * 1e3)
     rows.reason_for_pending("not measured: an earlier part of this step failed (see its row)")
 
 

@@ -98,6 +98,16 @@ def test_the_dry_run_checks_the_kernels_and_the_plain_llama_for_real(dry_run: tu
     assert llama["parity fp32"]["exact"] == llama["parity fp32"]["prompts"] == 8
     assert all(llama[f"decode bs={b}"]["step_ms"] > 0 for b in (1, 8, 64, 256))
     assert llama["throughput sluice"]["tok_s"] > 0 and llama["throughput sluice"]["vs_best_hf"] > 0
+    # decode graphs: compiled (no CUDA graphs on the CPU), both timings in one row, and the tokens compared. In
+    # bf16 the compiled step's fused arithmetic rounds differently here and there, so a near tie may flip
+    # (the fp32 tests in tests/engines/llm/test_decode_graphs.py require equal tokens); a broken step would
+    # differ on every prompt
+    graphs = llama["decode graphs"]
+    assert graphs["graph_steps"] > 0 and "buckets 1, 8 compiled" in graphs["start"]
+    assert graphs["prompts_differing"] <= 8 // 2, graphs
+    for b in (1, 8):
+        row = llama[f"decode graphs bs={b}"]
+        assert row["reason"] is None and row["step_ms"] > 0 and row["eager_step_ms"] > 0 and row["speedup"] > 0
 
 
 @pytest.mark.slow

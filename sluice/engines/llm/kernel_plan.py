@@ -17,6 +17,11 @@ Every choice defaults to ``auto``/on, which is what serving wants; turning one o
 ``kernels.int4_scales_only``      symmetric int4 weights keep their scales only (no zero points)
 ``kernels.int4_dense_prompts``    prompt rows through a dense bf16 GEMM: ``auto`` (where Sluice's int4 matmul is
                                   not used), ``on``, ``off``
+``kernels.decode_graphs``         decode-only steps through a compiled graph per batch-size bucket, replayed as a
+                                  CUDA graph (``model/decode_graphs.py``): ``auto`` (on CUDA), ``on``, ``off``; on
+                                  the CPU ``on`` compiles without CUDA graphs (the tests' check of the graph path)
+``kernels.decode_graph_sizes``    the batch sizes compiled (a step of ``n`` requests takes the smallest ``>= n``);
+                                  empty: the powers of two below ``max_num_seqs``, and ``max_num_seqs``
 ================================  =================================================================================
 """
 
@@ -28,6 +33,7 @@ ATTENTION_KERNELS = ("auto", "triton", "torch", "reference")
 CPU_ATTENTION = ("planned", "paged")
 INT4_MATMULS = ("sluice", "torch")
 DENSE_PROMPTS = ("auto", "on", "off")
+DECODE_GRAPHS = ("auto", "on", "off")
 
 
 @dataclass(frozen=True)
@@ -41,13 +47,20 @@ class KernelOptions:
     int4_matmul: str = "sluice"
     int4_scales_only: bool = True
     int4_dense_prompts: str = "auto"
+    decode_graphs: str = "auto"
+    decode_graph_sizes: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         for name, allowed in (("attention", ATTENTION_KERNELS), ("cpu_attention", CPU_ATTENTION),
-                              ("int4_matmul", INT4_MATMULS), ("int4_dense_prompts", DENSE_PROMPTS)):  # fmt: skip
+                              ("int4_matmul", INT4_MATMULS), ("int4_dense_prompts", DENSE_PROMPTS),
+                              ("decode_graphs", DECODE_GRAPHS)):  # fmt: skip
             value = getattr(self, name)
             if value not in allowed:
                 raise ValueError(f"kernels.{name} must be one of {', '.join(allowed)}, got {value!r}")
+        object.__setattr__(self, "decode_graph_sizes", tuple(sorted(set(self.decode_graph_sizes))))
+        if any(size < 1 for size in self.decode_graph_sizes):
+            raise ValueError(f"kernels.decode_graph_sizes must be batch sizes of 1 or more, got "
+                             f"{list(self.decode_graph_sizes)}")  # fmt: skip
 
     def describe(self) -> str:
         """What is asked, for ``sluice validate``: the choices that differ from the defaults, or ``defaults``
@@ -82,6 +95,8 @@ class KernelPlan:
     int4_matmul: bool  # Sluice's int4 matmul (else torch's)
     int4_scales_only: bool  # symmetric int4 weights keep their scales only
     dense_prompts: bool  # int4 projections take prompt rows through a dense bf16 GEMM
+    decode_graphs: bool = False  # decode-only steps through compiled graphs (CUDA graphs on CUDA)
+    decode_graph_sizes: tuple[int, ...] = ()  # the batch sizes compiled; empty: from max_num_seqs
 
     def describe(self) -> str:
         """One line for the start-up log and ``sluice validate``."""
@@ -89,7 +104,8 @@ class KernelPlan:
         return (f"attention {self.attention}{' (planned per step)' if self.cpu_attention_plan else ''}, "
                 f"native CPU kernels {on[self.native_cpu]}, native decode layers {on[self.native_decode_layers]}, "
                 f"int4 matmul {'sluice' if self.int4_matmul else 'torch'}, "
-                f"int4 scales-only {on[self.int4_scales_only]}, dense prompt rows {on[self.dense_prompts]}")
+                f"int4 scales-only {on[self.int4_scales_only]}, dense prompt rows {on[self.dense_prompts]}, "
+                f"decode graphs {on[self.decode_graphs]}")
 
 
 def resolve(options: KernelOptions, machine: Machine) -> KernelPlan:
@@ -106,6 +122,11 @@ def resolve(options: KernelOptions, machine: Machine) -> KernelPlan:
     native = cpu and options.native_cpu and machine.native_built
     int4 = native and options.int4_matmul == "sluice" and machine.int4_kernel_built
     dense = options.int4_dense_prompts == "on" or (options.int4_dense_prompts == "auto" and not int4)
+    graphs = options.decode_graphs == "on" or (options.decode_graphs == "auto" and not cpu)
+    if graphs and cpu and (options.cpu_attention != "paged" or native):
+        raise ValueError("kernels.decode_graphs: on compiles the decode step through the kernels' ops, which on "
+                         "the CPU needs kernels.cpu_attention: paged and kernels.native_cpu: false (a check of "
+                         "the GPU's graph path; auto leaves CPU steps eager)")  # fmt: skip
     return KernelPlan(
         attention=attention,
         cpu_attention_plan=cpu and options.cpu_attention == "planned",
@@ -114,4 +135,6 @@ def resolve(options: KernelOptions, machine: Machine) -> KernelPlan:
         int4_matmul=int4,
         int4_scales_only=int4 and options.int4_scales_only,
         dense_prompts=native and dense,  # the dense path unpacks int4 rows with a native kernel
+        decode_graphs=graphs,
+        decode_graph_sizes=options.decode_graph_sizes,
     )

@@ -105,6 +105,11 @@ class LLM:
             phase.detail = (f"{self.runner.device}, {self.runner.num_blocks} KV blocks of {self.config.block_size} "
                             f"tokens, {self.max_model_len} tokens of context")
         del loaded  # the runner holds the weights it placed; the tensors as read can go
+        graphs = self.runner.graphs
+        if graphs is not None:
+            with start.phase("decode graphs ready",
+                             announce=f"compiling the decode step for {len(graphs.sizes)} batch sizes") as phase:
+                phase.detail = graphs.capture()
         self.kv = KVCacheManager(self.runner.num_blocks, self.config.block_size, self.config.enable_prefix_caching,
                                  mark_prompt_positions=self.runner.routes_prompt_rows)  # fmt: skip
         c = self.config
@@ -265,6 +270,7 @@ class LLM:
             num_prefix_query_tokens=self.kv.stats.num_query_tokens,
             num_prefix_hit_tokens=self.kv.stats.num_hit_tokens,
             structured=self.structured.stats,
+            num_graph_steps=self.runner.graphs.num_steps if self.runner.graphs is not None else 0,
         )
 
     def _make_grammar_backend(self) -> GrammarBackend:

@@ -60,7 +60,16 @@ class KernelSettings(BaseModel):
     """Prompt rows of int4 projections through a dense bf16 GEMM: `auto` where Sluice's int4 matmul is not
     used, `on`, `off`."""
 
-    @field_validator("int4_dense_prompts", mode="before")
+    decode_graphs: Literal["auto", "on", "off"] = _KERNELS.decode_graphs  # type: ignore[assignment]
+    """Decode-only steps through a compiled graph per batch-size bucket, replayed as CUDA graphs: `auto` (on
+    CUDA), `on`, `off`. The buckets and the memory they hold are logged at start; on the CPU `on` compiles
+    without CUDA graphs (with `cpu_attention: paged` and `native_cpu: false`), to check the graph path."""
+
+    decode_graph_sizes: tuple[int, ...] = ()
+    """The batch sizes `decode_graphs` compiles, each up to `max_num_seqs` (a step of n requests takes the
+    smallest one >= n); empty: the powers of two below `max_num_seqs`, and `max_num_seqs`."""
+
+    @field_validator("int4_dense_prompts", "decode_graphs", mode="before")
     @classmethod
     def _on_off(cls, value: object) -> object:
         return {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value  # YAML's on / off

@@ -59,6 +59,7 @@ class EngineStats:
     num_prefix_query_tokens: int = 0  # prompt tokens looked up in the prefix cache
     num_prefix_hit_tokens: int = 0  # of those, served from it
     structured: StructuredStats | None = None  # structured output: grammars, cache hits, mask time
+    num_graph_steps: int = 0  # decode steps replayed from a compiled graph (kernels.decode_graphs)
 
     @property
     def structured_share(self) -> float:

@@ -46,24 +46,32 @@ def _grouped_matmul_kernel(
     tl.store(dst, acc.to(out_ptr.dtype.element_ty), mask=valid[:, None] & (cols[None, :] < n))
 
 
-def align_by_expert(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
+def align_by_expert(ids: torch.Tensor, num_experts: int, block_m: int, static_grid: bool = False
+                    ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """(rows, block_experts): the row indices of ``ids`` (``(num_rows,)`` expert of each row) sorted by expert,
     each expert's group padded with ``num_rows`` to a multiple of ``block_m``; and the expert of each block.
-    Computed on ``ids``' device without a host synchronisation but for the padded length."""
+    Computed on ``ids``' device without a host synchronisation but for the padded length; with
+    ``static_grid``, without any: as many blocks as the rows can need (``num_rows // block_m`` plus one per
+    expert that can have rows), the ones past the padded length all sentinels."""
     num_rows = ids.numel()
     order = torch.argsort(ids, stable=True)
-    counts = torch.bincount(ids, minlength=num_experts)
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=ids.device)
+    counts.scatter_add_(0, ids.to(torch.int64), torch.ones_like(ids, dtype=torch.int64))  # bincount reads back
     padded = (counts + block_m - 1) // block_m * block_m
     padded_end = padded.cumsum(0)
     padded_start = padded_end - padded
     start = counts.cumsum(0) - counts
-    total = int(padded_end[-1].item())  # the only value read back: the launch grid needs it
+    if static_grid:
+        total = (num_rows // block_m + min(num_experts, num_rows)) * block_m
+    else:
+        total = int(padded_end[-1].item())  # the only value read back: the launch grid needs it
     sorted_ids = ids[order]
     rows = torch.full((total,), num_rows, dtype=torch.int32, device=ids.device)
     place = padded_start[sorted_ids] + torch.arange(num_rows, device=ids.device) - start[sorted_ids]
     rows[place] = order.to(torch.int32)
-    block_experts = torch.repeat_interleave(torch.arange(num_experts, device=ids.device), padded // block_m,
-                                            output_size=total // block_m)  # fmt: skip
+    # block b is expert e's where e's padded group holds it; blocks past the last group are sentinels
+    blocks = torch.arange(total // block_m, device=ids.device)
+    block_experts = torch.searchsorted(padded_end // block_m, blocks, right=True).clamp_(max=num_experts - 1)
     return rows, block_experts.to(torch.int32)
 
 
@@ -73,6 +81,7 @@ def grouped_matmul(
     ids: torch.Tensor,  # (num_rows,) expert of each output row
     rows_per_input: int,  # output row r reads input row r // rows_per_input
     block_m: int = 16,
+    static_grid: bool = False,  # size the launch from the shapes alone (a CUDA graph can hold it)
 ) -> torch.Tensor:  # (num_rows, out) in a's dtype
     """``out[r] = a[r // rows_per_input] @ w[ids[r]]`` for every row, one launch (see the module docstring)."""
     num_rows, (num_experts, k, n) = ids.numel(), w.shape
@@ -80,7 +89,7 @@ def grouped_matmul(
     if num_rows == 0:
         return out
     a, w = a.contiguous(), w.contiguous()
-    rows, block_experts = align_by_expert(ids.reshape(-1), num_experts, block_m)
+    rows, block_experts = align_by_expert(ids.reshape(-1), num_experts, block_m, static_grid)
     block_n, block_k = 64, 32
     grid = (block_experts.numel(), triton.cdiv(n, block_n))
     _grouped_matmul_kernel[grid](

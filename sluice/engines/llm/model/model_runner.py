@@ -34,6 +34,7 @@ from sluice.engines.llm.cpu.native_layers import NativeDecodeLayers
 from sluice.engines.llm.kernel_plan import KernelPlan
 from sluice.engines.llm.model.attention import AttentionMetadata, plan_cpu_attention
 from sluice.engines.llm.model.causal_lm import CausalLM, KVCache
+from sluice.engines.llm.model.decode_graphs import DecodeGraphs
 from sluice.engines.llm.model.layers.quantized import (
     PACKED_MODULES,
     QuantizedLinear,
@@ -138,6 +139,15 @@ class ModelRunner:
         if kernels.native_decode_layers and self.has_packed_weights:
             self.model.native_layers = NativeDecodeLayers.of(list(self.model.layers), self.model.layer_rope,
                                                              self.kv_caches)  # fmt: skip
+        self.graphs: DecodeGraphs | None = None  # decode-only steps through compiled graphs; capture() at start
+        if kernels.decode_graphs:
+            if self.has_packed_weights:
+                raise ValueError(f"kernels.decode_graphs: on compiles dense models; weights: {engine_config.weights} "
+                                 "packs them for the CPU's own kernels (use weights: fp32, or decode_graphs: auto)")
+            self.graphs = DecodeGraphs(self.model, self.kv_caches, block_size=self.block_size,
+                                       max_model_len=max_model_len, max_num_seqs=engine_config.max_num_seqs,
+                                       kernel_path=kernels.attention, fixed_tiles=self.deterministic,
+                                       sizes=kernels.decode_graph_sizes)  # fmt: skip
 
     def _kv_budget_bytes(self, ecfg: EngineConfig, mcfg: ModelConfig) -> int:
         if ecfg.kv_cache_memory_bytes is not None:
@@ -207,6 +217,34 @@ class ModelRunner:
                     sampling.append(SamplingRow(req.params, req.num_output_tokens + len(drafts) - j))
                 sampled_requests.append((req, drafts))
 
+        graphs = self.graphs
+        if graphs is not None and len(logits_rows) == len(input_ids) == len(scheduled) <= graphs.max_size:
+            # a decode-only step: every request one row, sampled
+            logits = graphs.run(input_ids, positions, slots, seq_lens, tables, long_rope if any(long_rope) else [])
+        else:
+            logits = self._eager_logits(input_ids, positions, slots, query_lens, seq_lens, tables, logits_rows,
+                                        long_rope, prompt_row)  # fmt: skip
+        if not sampled_requests:
+            return {}
+        out = self.sampler.sample(logits, sampling, token_bitmask)
+        result: dict[str, list[SampledToken]] = {}
+        row = 0
+        for req, drafts in sampled_requests:
+            targets = out.token_ids[row : row + len(drafts) + 1]
+            tokens = accept_drafts(drafts, targets) if drafts else targets
+            want = out.logprobs is not None and req.params.logprobs
+            result[req.request_id] = [
+                SampledToken(tok, out.logprobs[row + j] if want and out.logprobs is not None else None)
+                for j, tok in enumerate(tokens)
+            ]
+            row += len(drafts) + 1
+        return result
+
+    def _eager_logits(self, input_ids: list[int], positions: list[int], slots: list[int], query_lens: list[int],
+                      seq_lens: list[int], tables: list[list[int]], logits_rows: list[int], long_rope: list[int],
+                      prompt_row: list[bool]) -> torch.Tensor:  # fmt: skip
+        """The model run eagerly over the step's rows: ``(len(logits_rows), vocab)`` float32."""
+        bs = self.block_size
         dev = self.device
         meta = AttentionMetadata(
             slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
@@ -225,7 +263,7 @@ class ModelRunner:
             per_row = native and not self.model.config.attention_sinks
             meta.cpu_plan = plan_cpu_attention(query_lens, seq_lens, tables, bs, self.group, self.windows, per_row,
                                                native)  # fmt: skip
-        logits = self.model(
+        return self.model(
             torch.tensor(input_ids, dtype=torch.int64, device=dev),
             torch.tensor(positions, dtype=torch.int64, device=dev),
             self.kv_caches,
@@ -233,21 +271,6 @@ class ModelRunner:
             torch.tensor(logits_rows, dtype=torch.int64, device=dev),
             RowSplit.of(prompt_row),
         )  # (num_sampled, vocab) float32
-        if not sampled_requests:
-            return {}
-        out = self.sampler.sample(logits, sampling, token_bitmask)
-        result: dict[str, list[SampledToken]] = {}
-        row = 0
-        for req, drafts in sampled_requests:
-            targets = out.token_ids[row : row + len(drafts) + 1]
-            tokens = accept_drafts(drafts, targets) if drafts else targets
-            want = out.logprobs is not None and req.params.logprobs
-            result[req.request_id] = [
-                SampledToken(tok, out.logprobs[row + j] if want and out.logprobs is not None else None)
-                for j, tok in enumerate(tokens)
-            ]
-            row += len(drafts) + 1
-        return result
 
     def _block_table_tensor(self, tables: list[list[int]]) -> torch.Tensor:
         width = max(len(t) for t in tables)

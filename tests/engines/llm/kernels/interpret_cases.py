@@ -98,16 +98,18 @@ def test_store_kv_with_an_odd_head_layout() -> None:
     (13, 3, 3, 16),  # gate/up of a prompt chunk: each token read three times
     (40, 1, 1, 32),  # down: one input row per output row; groups longer than a block
 ], ids=["decode", "gate-up", "down"])  # fmt: skip
+@pytest.mark.parametrize("static_grid", [False, True], ids=["sized", "static-grid"])
 def test_moe_grouped_matmul_matches_reference(
-    dtype: torch.dtype, tokens: int, top_k: int, rows_per_input: int, block_m: int
+    dtype: torch.dtype, tokens: int, top_k: int, rows_per_input: int, block_m: int, static_grid: bool
 ) -> None:
+    """Both launch sizes: read back from the routing, and from the shapes alone (a captured decode step's)."""
     gen = torch.Generator().manual_seed(tokens)
     num_experts, d_in, d_out = 7, 48, 80  # neither a multiple of the tiles
     rows = tokens * top_k
     ids = torch.randint(0, num_experts - 1, (rows,), generator=gen)  # the last expert is never chosen
     a = torch.randn(rows // rows_per_input, d_in, generator=gen).to(dtype)
     w = (torch.randn(num_experts, d_in, d_out, generator=gen) / d_in**0.5).to(dtype)
-    got = grouped_matmul(a, w, ids, rows_per_input, block_m=block_m)
+    got = grouped_matmul(a, w, ids, rows_per_input, block_m=block_m, static_grid=static_grid)
     torch.testing.assert_close(got, reference_grouped_matmul(a, w, ids, rows_per_input), atol=TOLERANCES[dtype],
                                rtol=TOLERANCES[dtype])  # fmt: skip
 

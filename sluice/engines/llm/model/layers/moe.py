@@ -26,6 +26,8 @@ invariance (an expert's matmul sees however many rows the batch routed to it).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -33,7 +35,7 @@ from torch import nn
 from sluice.engines.llm.config import ModelConfig
 from sluice.engines.llm.cpu import native_cpu
 from sluice.engines.llm.kernel_plan import KernelPlan
-from sluice.engines.llm.kernels import kernel_path
+from sluice.engines.llm.kernels import graph_ops, kernel_path
 from sluice.engines.llm.model.layers.mlp import ACTIVATIONS
 from sluice.engines.llm.quant.packed import COMPUTE_DTYPE, Int4Weight, PackedWeight
 
@@ -173,7 +175,7 @@ class SparseMoE(nn.Module):
         flat = ids.reshape(-1)  # (tokens * k,) token-major
         gate_up_proj, down_proj, width = self.experts.gate_up_proj, self.experts.down_proj, self.experts.width
         if (self.kernel_path or kernel_path(x)) == "triton" and isinstance(gate_up_proj, Stacked):  # one kernel per projection
-            from sluice.engines.llm.kernels.triton_moe import grouped_matmul
+            grouped_matmul = _grouped_matmul()
 
             gate_up = _biased(grouped_matmul(x, gate_up_proj.weight.to(x.dtype), flat, k), gate_up_proj, flat)
             gate, up = gate_up.split(width, dim=-1)
@@ -182,7 +184,7 @@ class SparseMoE(nn.Module):
         else:
             by_expert = torch.argsort(flat, stable=True)
             expert_of = flat.index_select(0, by_expert)
-            ends = torch.bincount(flat, minlength=self.num_experts).cumsum(0).to(torch.int32)
+            ends = _counts(flat, self.num_experts).cumsum(0).to(torch.int32)
             rows = x.index_select(0, by_expert // k)  # (tokens * k, hidden), grouped by expert
             gate_up = _biased(gate_up_proj.grouped(rows, ends), gate_up_proj, expert_of)
             gate, up = gate_up.split(width, dim=-1)
@@ -193,6 +195,23 @@ class SparseMoE(nn.Module):
         for slot in range(1, k):  # in expert-id order, as HF adds them
             total = total + per_slot[:, slot]
         return total
+
+
+def _grouped_matmul() -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int], torch.Tensor]:
+    """The Triton grouped matmul; in a compiled decode step, as one opaque call sized without a host read."""
+    if graph_ops.compiling():
+        return graph_ops.moe_grouped_matmul  # type: ignore[return-value]
+    from sluice.engines.llm.kernels.triton_moe import grouped_matmul
+
+    return grouped_matmul
+
+
+def _counts(ids: torch.Tensor, num_experts: int) -> torch.Tensor:
+    """Rows per expert: ``bincount``'s, whose output size a compiled step cannot know (its length is the
+    largest id + 1), so counted into a fixed ``(experts,)`` there."""
+    if not graph_ops.compiling():
+        return torch.bincount(ids, minlength=num_experts)
+    return torch.zeros(num_experts, dtype=torch.int64, device=ids.device).scatter_add_(0, ids, torch.ones_like(ids))
 
 
 def _biased(rows: torch.Tensor, proj: Stacked | PackedStacked, experts: torch.Tensor) -> torch.Tensor:

@@ -25,6 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sluice.engines.llm.kernels import graph_ops
+
 ROW_UNIT = 4  # MKL's float32 kernel takes rows in fours; a shorter run sums in another order
 
 
@@ -60,7 +62,10 @@ class RowInvariantLinear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1])
         packed = self.onednn_weight
-        if packed is not None:
+        if packed is not None and graph_ops.compiling():  # the same oneDNN call, opaque to the compiler
+            def matmul(rows: torch.Tensor) -> torch.Tensor:
+                return graph_ops.onednn_linear(rows, packed, self.bias, self.out_features)
+        elif packed is not None:
             def matmul(rows: torch.Tensor) -> torch.Tensor:
                 return torch.ops.mkldnn._linear_pointwise(rows.contiguous(), packed, self.bias, "none", [], "")
         else:
