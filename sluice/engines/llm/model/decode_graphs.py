@@ -38,7 +38,7 @@ from sluice.engines.llm.model.causal_lm import CausalLM, KVCache
 
 log = logging.getLogger(__name__)
 # round every intermediate to its dtype as the eager ops do (inductor keeps fused bf16 intermediates in fp32)
-_OPTIONS = {"emulate_precision_casts": True}
+_OPTIONS: dict[str, str | int | bool | Callable[..., Any]] = {"emulate_precision_casts": True}
 
 
 def _own_forward(model: CausalLM) -> Callable[..., torch.Tensor]:
