@@ -105,11 +105,7 @@ class LLM:
             phase.detail = (f"{self.runner.device}, {self.runner.num_blocks} KV blocks of {self.config.block_size} "
                             f"tokens, {self.max_model_len} tokens of context")
         del loaded  # the runner holds the weights it placed; the tensors as read can go
-        graphs = self.runner.graphs
-        if graphs is not None:
-            with start.phase("decode graphs ready",
-                             announce=f"compiling the decode step for {len(graphs.sizes)} batch sizes") as phase:
-                phase.detail = graphs.capture()
+        self.runner.capture_graphs(start, required=self.config.kernels.decode_graphs == "on")
         self.kv = KVCacheManager(self.runner.num_blocks, self.config.block_size, self.config.enable_prefix_caching,
                                  mark_prompt_positions=self.runner.routes_prompt_rows)  # fmt: skip
         c = self.config

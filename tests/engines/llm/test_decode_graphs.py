@@ -103,3 +103,49 @@ def test_graphs_on_the_cpu_need_the_kernels_ops(options: dict[str, str]) -> None
 def test_packed_weights_are_refused_with_the_way_out(tiny_family_dir: Callable[..., Path]) -> None:
     with pytest.raises(ValueError, match="decode_graphs: on compiles dense models; weights: int8"):
         LLM(tiny_family_dir("llama"), kernels=GRAPHS, weights="int8")
+
+
+def test_the_sizes_asked_for_are_the_buckets(tiny_family_dir: Callable[..., Path],
+                                             hf_greedy: Callable[..., list[list[int]]]) -> None:  # fmt: skip
+    """One bucket of 3: steps of up to three requests replay it, steps of four run eager; the tokens hold."""
+    llm = _engine(tiny_family_dir("llama"), {**GRAPHS, "decode_graph_sizes": [3]})
+    assert llm.runner.graphs is not None and llm.runner.graphs.sizes == (3,)
+    prompts = family_prompts(llm.model_config.vocab_size)
+    assert [o.token_ids for o in llm.generate(prompts, PARAMS)] == hf_greedy("llama")
+    assert 0 < llm.stats.num_graph_steps < llm.stats.num_steps - len(prompts)
+
+
+def test_a_size_over_max_num_seqs_is_refused(tiny_family_dir: Callable[..., Path]) -> None:
+    with pytest.raises(ValueError, match=r"decode_graph_sizes \[8\] exceed max_num_seqs 4"):
+        _engine(tiny_family_dir("llama"), {**GRAPHS, "decode_graph_sizes": [2, 8]})
+
+
+def test_the_pipeline_file_reads_on_and_off_and_sizes() -> None:
+    from sluice.engines.llm.operator_options import KernelSettings
+
+    options = KernelSettings.model_validate({"decode_graphs": True, "decode_graph_sizes": [8, 1, 8]}).options()
+    assert options.decode_graphs == "on" and options.decode_graph_sizes == (1, 8)
+    assert KernelSettings.model_validate({"decode_graphs": False}).options().decode_graphs == "off"
+
+
+class _FailingGraphs:
+    """Stands in for DecodeGraphs whose compile or capture raises (no GPU here to fail a real capture)."""
+
+    sizes = (1, 2)
+    device = torch.device("cpu")
+
+    def capture(self) -> str:
+        raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
+
+
+def test_by_default_a_failed_capture_leaves_the_engine_eager_and_says_why(caplog: pytest.LogCaptureFixture) -> None:
+    from sluice.engines.llm.model.decode_graphs import capture_at_start
+    from sluice.engines.start_log import StartLog
+
+    with caplog.at_level(logging.WARNING):
+        assert not capture_at_start(_FailingGraphs(), StartLog("llm test"), required=False)  # type: ignore[arg-type]
+    [warning] = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert "decode steps run eager: CUDA error: operation not permitted" in warning
+    assert "kernels.decode_graphs: off" in warning
+    with pytest.raises(RuntimeError, match="stream is capturing"):  # asked for with `on`: the start stops
+        capture_at_start(_FailingGraphs(), StartLog("llm test"), required=True)  # type: ignore[arg-type]

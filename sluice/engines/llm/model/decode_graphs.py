@@ -35,6 +35,7 @@ import torch
 
 from sluice.engines.llm.model.attention import AttentionMetadata
 from sluice.engines.llm.model.causal_lm import CausalLM, KVCache
+from sluice.engines.start_log import StartLog
 
 log = logging.getLogger(__name__)
 # round every intermediate to its dtype as the eager ops do (inductor keeps fused bf16 intermediates in fp32)
@@ -181,3 +182,23 @@ class DecodeGraphs:
             long_rope=ints[3] if self.long_rope else None,
         )
         return _Bucket(size, ints, int32s, meta, torch.arange(size, dtype=torch.int64, device=dev))
+
+
+def capture_at_start(graphs: DecodeGraphs, start: StartLog, required: bool) -> bool:
+    """Compile (and on CUDA capture) ``graphs`` as a phase of the engine's start; whether they are ready.
+    ``required`` (``decode_graphs: on``): a failure stops the start; otherwise (``auto``) it is logged as a
+    warning with its reason and the engine goes on with eager steps."""
+    try:
+        with start.phase("decode graphs ready",
+                         announce=f"compiling the decode step for {len(graphs.sizes)} batch sizes") as phase:
+            phase.detail = graphs.capture()
+    except Exception as exc:  # whatever the compiler or the capture raised: eager steps still work
+        if required:
+            raise
+        if graphs.device.type == "cuda":
+            torch.cuda.empty_cache()
+        text = str(exc).strip()
+        log.warning("decode graphs off, decode steps run eager: %s (kernels.decode_graphs: off skips the attempt)",
+                    text.splitlines()[0] if text else type(exc).__name__)
+        return False
+    return True

@@ -34,7 +34,7 @@ from sluice.engines.llm.cpu.native_layers import NativeDecodeLayers
 from sluice.engines.llm.kernel_plan import KernelPlan
 from sluice.engines.llm.model.attention import AttentionMetadata, plan_cpu_attention
 from sluice.engines.llm.model.causal_lm import CausalLM, KVCache
-from sluice.engines.llm.model.decode_graphs import DecodeGraphs
+from sluice.engines.llm.model.decode_graphs import DecodeGraphs, capture_at_start
 from sluice.engines.llm.model.layers.quantized import (
     PACKED_MODULES,
     QuantizedLinear,
@@ -44,6 +44,7 @@ from sluice.engines.llm.model.layers.quantized import (
 from sluice.engines.llm.model.sampling import Sampler, SamplingRow
 from sluice.engines.llm.quant.gguf_rows import Loaded
 from sluice.engines.llm.structured.bitmask import TokenBitmask
+from sluice.engines.start_log import StartLog
 
 log = logging.getLogger(__name__)
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -148,6 +149,12 @@ class ModelRunner:
                                        max_model_len=max_model_len, max_num_seqs=engine_config.max_num_seqs,
                                        kernel_path=kernels.attention, fixed_tiles=self.deterministic,
                                        sizes=kernels.decode_graph_sizes)  # fmt: skip
+
+    def capture_graphs(self, start: StartLog, required: bool) -> None:
+        """Compile the decode graphs, if any, as a phase of the start (:func:`capture_at_start`); where that
+        fails and they are not ``required`` (``auto``), decode steps run eager."""
+        if self.graphs is not None and not capture_at_start(self.graphs, start, required):
+            self.graphs = None
 
     def _kv_budget_bytes(self, ecfg: EngineConfig, mcfg: ModelConfig) -> int:
         if ecfg.kv_cache_memory_bytes is not None:
