@@ -65,7 +65,7 @@ def test_a_choice_the_machine_cannot_run_is_refused_with_what_to_do() -> None:
 def test_the_plan_reads_as_one_line() -> None:
     line = resolve(KernelOptions(int4_matmul="torch"), CPU).describe()
     assert line == ("attention torch (planned per step), native CPU kernels on, native decode layers off, "
-                    "int4 matmul torch, int4 scales-only off, dense prompt rows on")
+                    "int4 matmul torch, int4 scales-only off, dense prompt rows on, decode graphs off")
 
 
 def test_the_engine_logs_its_plan_and_its_layers_follow_it(tiny_llama_dir: Callable[[bool], Path],

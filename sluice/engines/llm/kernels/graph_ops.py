@@ -19,12 +19,25 @@ import torch
 
 from sluice.engines.llm import kernels
 
-__all__ = ["compiling", "moe_grouped_matmul", "onednn_linear", "store_and_attend"]
+__all__ = ["compiling", "moe_grouped_matmul", "onednn_linear", "store_and_attend", "store_then_attend"]
 
 
 def compiling() -> bool:
     """Whether the calling code is being traced by ``torch.compile`` (then the custom ops are called)."""
     return torch.compiler.is_compiling()
+
+
+def store_then_attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
+                      v_cache: torch.Tensor, slot_mapping: torch.Tensor, block_tables: torch.Tensor,
+                      query_start_loc: torch.Tensor, seq_lens: torch.Tensor, scale: float, sliding_window: int | None,
+                      softcap: float | None, fixed_tiles: bool, sinks: torch.Tensor | None, path: str
+                      ) -> torch.Tensor:  # fmt: skip
+    """:func:`~sluice.engines.llm.kernels.store_kv` then :func:`~sluice.engines.llm.kernels.paged_attention`
+    on ``path``, into a new tensor: what an eager step calls, and the op below runs."""
+    kernels.store_kv(key, value, k_cache, v_cache, slot_mapping, path=path)
+    return kernels.paged_attention(query, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale,
+                                   sliding_window=sliding_window, softcap=softcap, fixed_tiles=fixed_tiles,
+                                   sinks=sinks, path=path)  # fmt: skip
 
 
 @torch.library.custom_op("sluice::store_and_attend", mutates_args=())
@@ -33,18 +46,15 @@ def store_and_attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
                      query_start_loc: torch.Tensor, seq_lens: torch.Tensor, scale: float, sliding_window: int | None,
                      softcap: float | None, fixed_tiles: bool, sinks: torch.Tensor | None, path: str
                      ) -> torch.Tensor:  # fmt: skip
-    """:func:`~sluice.engines.llm.kernels.store_kv` then :func:`~sluice.engines.llm.kernels.paged_attention`
-    on ``path``, into a new tensor.
+    """:func:`store_then_attend` as one op.
 
     It writes ``k_cache`` and ``v_cache`` but does not declare them mutated: every layer's caches are views of
     one KV pool, and for a mutated input that aliases others the compiler keeps a functional copy of the
     whole pool and writes it back after each call, which costs a step far more than its arithmetic.
     Undeclared is safe here because nothing in a compiled step reads the caches
     but this op, which stores before it attends."""
-    kernels.store_kv(key, value, k_cache, v_cache, slot_mapping, path=path)
-    return kernels.paged_attention(query, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale,
-                                   sliding_window=sliding_window, softcap=softcap, fixed_tiles=fixed_tiles,
-                                   sinks=sinks, path=path)  # fmt: skip
+    return store_then_attend(query, key, value, k_cache, v_cache, slot_mapping, block_tables, query_start_loc,
+                             seq_lens, scale, sliding_window, softcap, fixed_tiles, sinks, path)
 
 
 @store_and_attend.register_fake

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import torch
 
 from sluice.engines.llm.cpu import native_cpu
-from sluice.engines.llm.kernels import graph_ops
+from sluice.engines.llm.kernels import graph_ops, kernel_path
 from sluice.engines.llm.kernels.torch_ops import attend, sinks_by_group, sinks_by_row
 from sluice.engines.llm.model.attention_short import (
     MAX_BATCHED_QUERY_LEN,
@@ -197,19 +197,11 @@ def store_and_attend(
 
     Returns the attention in ``query``'s dtype; on the CPU, queries of another dtype than the cache's are
     attended in the cache's dtype and converted back."""
-    if meta.cpu_plan is None:
-        from sluice.engines.llm import kernels
-        if graph_ops.compiling():  # a compiled decode step: the kernels as opaque calls
-            return graph_ops.store_and_attend(query, key, value, k_cache, v_cache, meta.slot_mapping,
-                                              meta.block_tables, meta.query_start_loc, meta.seq_lens, params.scale,
-                                              params.sliding_window, params.softcap, meta.fixed_tiles, params.sinks,
-                                              meta.kernel_path or kernels.kernel_path(query))  # fmt: skip
-        kernels.store_kv(key, value, k_cache, v_cache, meta.slot_mapping, path=meta.kernel_path)
-        return kernels.paged_attention(
-            query, k_cache, v_cache, meta.block_tables, meta.query_start_loc, meta.seq_lens, params.scale,
-            sliding_window=params.sliding_window, softcap=params.softcap, fixed_tiles=meta.fixed_tiles,
-            sinks=params.sinks, path=meta.kernel_path,
-        )  # fmt: skip
+    if meta.cpu_plan is None:  # the kernels; in a compiled decode step, as one opaque call
+        op = graph_ops.store_and_attend if graph_ops.compiling() else graph_ops.store_then_attend
+        return op(query, key, value, k_cache, v_cache, meta.slot_mapping, meta.block_tables, meta.query_start_loc,
+                  meta.seq_lens, params.scale, params.sliding_window, params.softcap, meta.fixed_tiles, params.sinks,
+                  meta.kernel_path or kernel_path(query))  # fmt: skip
     return _cpu_store_and_attend(query, key, value, k_cache, v_cache, meta.slot_mapping, meta.cpu_plan, params)
 
 
