@@ -9,7 +9,8 @@ block they never write and their logits are dropped).
 
 Each bucket owns static input tensors -- token ids, positions, KV slots, KV lengths, block tables (one row per
 request, ``max_model_len / block_size`` wide) and, for LongRoPE models, the long-factor flags -- that a step
-fills (two host-to-device copies) before it runs. ``torch.compile(fullgraph=True, dynamic=False)`` compiles
+fills from pinned host buffers (three copies; of the block tables only the columns the step's requests
+use) before it runs. ``torch.compile(fullgraph=True, dynamic=False)`` compiles
 ``CausalLM._forward`` once per bucket shape; the kernels are opaque custom ops (``kernels/graph_ops.py``).
 On CUDA each bucket is then captured with ``torch.cuda.CUDAGraph`` over those static tensors, all buckets
 sharing one memory pool (largest first, so the smaller ones reuse its blocks). Explicit capture rather than
@@ -39,6 +40,7 @@ from sluice.engines.start_log import StartLog
 
 log = logging.getLogger(__name__)
 # round every intermediate to its dtype as the eager ops do (inductor keeps fused bf16 intermediates in fp32)
+_PADDING = torch.tensor([[0], [0], [-1], [0]])  # a padded row's token, position, KV slot and LongRoPE flag
 _OPTIONS: dict[str, str | int | bool | Callable[..., Any]] = {"emulate_precision_casts": True}
 
 
@@ -61,11 +63,14 @@ def decode_buckets(max_num_seqs: int) -> tuple[int, ...]:
 
 @dataclass
 class _Bucket:
-    """One bucket's static inputs (on the model's device) and, on CUDA, its captured graph and output."""
+    """One bucket's static inputs on the model's device, their host staging (pinned on CUDA), and on CUDA its
+    captured graph and output."""
 
     size: int
     ints: torch.Tensor  # (4, size) int64: token ids, positions, KV slots, LongRoPE flags
-    int32s: torch.Tensor  # (size * (1 + width),) int32: the KV lengths, then the block tables row by row
+    lens: torch.Tensor  # (size,) int32 KV lengths
+    table: torch.Tensor  # (size, width) int32 block tables; columns past a row's blocks are never read
+    staged: tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # the same three on the host
     meta: AttentionMetadata
     logits_indices: torch.Tensor  # (size,) int64 0..size-1: every row is sampled
     graph: torch.cuda.CUDAGraph | None = None
@@ -134,7 +139,8 @@ class DecodeGraphs:
                 self._forward(bucket)
         torch.cuda.current_stream(self.device).wait_stream(side)
         bucket.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(bucket.graph, pool=pool):
+        # thread-local: during a reload the serving engine's thread goes on launching and synchronising
+        with torch.cuda.graph(bucket.graph, pool=pool, capture_error_mode="thread_local"):
             bucket.output = self._forward(bucket)
         return bucket
 
@@ -145,16 +151,18 @@ class DecodeGraphs:
         overwritten by the next step."""
         n = len(input_ids)
         bucket = self._buckets[next(s for s in self.sizes if s >= n)]
-        pad = bucket.size - n
-        ints = torch.tensor([input_ids + [0] * pad, positions + [0] * pad, slots + [-1] * pad,
-                             (long_rope or [0] * n) + [0] * pad], dtype=torch.int64)  # fmt: skip
-        int32s = torch.ones(bucket.size * (1 + self.width), dtype=torch.int32)  # padded rows: KV length 1
-        int32s[:n] = torch.tensor(seq_lens, dtype=torch.int32)
-        table = int32s[bucket.size :].view(bucket.size, self.width)  # columns past a row's blocks: never read
+        ints, lens, table = bucket.staged  # the previous step's copies are done: its logits were read
+        ints[:, :n] = torch.tensor([input_ids, positions, slots, long_rope or [0] * n], dtype=torch.int64)
+        ints[:, n:] = _PADDING  # token 0 at position 0, slot -1 (nothing stored), no LongRoPE
+        lens[:n] = torch.tensor(seq_lens, dtype=torch.int32)
+        lens[n:] = 1
+        width = 1
         for row, blocks in enumerate(tables):
             table[row, : len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
+            width = max(width, len(blocks))
         bucket.ints.copy_(ints, non_blocking=True)
-        bucket.int32s.copy_(int32s, non_blocking=True)
+        bucket.lens.copy_(lens, non_blocking=True)
+        bucket.table[:n, :width].copy_(table[:n, :width], non_blocking=True)  # padded rows: any block will do
         self.num_steps += 1
         if bucket.graph is not None and bucket.output is not None:
             bucket.graph.replay()
@@ -166,22 +174,23 @@ class DecodeGraphs:
         return self._compiled(ids, positions, self.kv_caches, bucket.meta, bucket.logits_indices)
 
     def _bucket(self, size: int) -> _Bucket:
-        dev = self.device
-        ints = torch.zeros(4, size, dtype=torch.int64, device=dev)
-        ints[2] = -1  # KV slots: none stored
-        int32s = torch.zeros(size * (1 + self.width), dtype=torch.int32, device=dev)
-        int32s[:size] = 1
+        dev, pin = self.device, self.device.type == "cuda"
+        staged = (torch.zeros(4, size, dtype=torch.int64, pin_memory=pin),
+                  torch.ones(size, dtype=torch.int32, pin_memory=pin),
+                  torch.zeros(size, self.width, dtype=torch.int32, pin_memory=pin))  # fmt: skip
+        staged[0][:] = _PADDING
+        ints, lens, table = (t.to(dev, copy=True) for t in staged)
         meta = AttentionMetadata(
             slot_mapping=ints[2],
             query_start_loc=torch.arange(size + 1, dtype=torch.int32, device=dev),
-            seq_lens=int32s[:size],
-            block_tables=int32s[size:].view(size, self.width),
+            seq_lens=lens,
+            block_tables=table,
             max_seq_len=self._max_model_len,
             fixed_tiles=self._fixed_tiles,
             kernel_path=self._kernel_path,
             long_rope=ints[3] if self.long_rope else None,
         )
-        return _Bucket(size, ints, int32s, meta, torch.arange(size, dtype=torch.int64, device=dev))
+        return _Bucket(size, ints, lens, table, staged, meta, torch.arange(size, dtype=torch.int64, device=dev))
 
 
 def capture_at_start(graphs: DecodeGraphs, start: StartLog, required: bool) -> bool:
