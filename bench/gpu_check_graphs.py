@@ -6,7 +6,8 @@ same engine's with its graphs set aside (``runner.graphs = None``), so weights, 
 shared and only the launch path differs. Rows:
 
 * ``decode graphs``: the start-up line (buckets, compile seconds per bucket, memory the CUDA graphs hold),
-  and whether the parity prompts' greedy tokens are equal with graphs and without (``tokens_equal``);
+  and whether the parity prompts' greedy tokens are equal with graphs and without (``tokens_equal``; where
+  not, ``exact`` prompts and where the others first diverge, as the parity rows say it);
 * ``decode graphs bs=N``: ``step_ms`` with graphs, ``eager_step_ms`` without, ``speedup``; ``kernel_ms``,
   ``busy``, ``floor_ms`` and ``x_floor`` as the eager ``decode bs=N`` rows have them (graphed steps).
 """
@@ -16,6 +17,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from typing import Any
+
+from gpu_check_llm_reference import parity_summary
 
 GRAPHED = {"native_cpu": False, "cpu_attention": "paged", "decode_graphs": "on"}  # CPU (dry run): the kernels' ops
 
@@ -59,8 +62,7 @@ def graph_rows(rows: Any, make_llm: Callable[..., Any], batches: tuple[int, ...]
     eager = greedy(llm)
     llm.runner.graphs = graphs
     rows.measured("decode graphs", "decode", start=catch.line, tokens_equal=graphed == eager,
-                  prompts_differing=sum(a != b for a, b in zip(graphed, eager, strict=True)),
-                  graph_steps=graphs.num_steps)  # fmt: skip
+                  graph_steps=graphs.num_steps, **parity_summary(graphed, eager))  # fmt: skip
     for b in batches:
         with rows.attempt(f"decode graphs bs={b}"):
             before = graphs.num_steps

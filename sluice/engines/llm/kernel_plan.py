@@ -65,7 +65,10 @@ class KernelOptions:
     def describe(self) -> str:
         """What is asked, for ``sluice validate``: the choices that differ from the defaults, or ``defaults``
         (what the machine makes of them is known at start, and logged then)."""
-        changed = [f"{name} {getattr(self, name)}".replace("True", "on").replace("False", "off")
+        def shown(value: object) -> str:
+            return {True: "on", False: "off"}.get(value, str(list(value) if isinstance(value, tuple) else value))  # type: ignore[call-overload]
+
+        changed = [f"{name} {shown(getattr(self, name))}"
                    for name in self.__dataclass_fields__ if getattr(self, name) != getattr(DEFAULTS, name)]
         return ", ".join(changed) or "defaults"
 

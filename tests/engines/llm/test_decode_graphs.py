@@ -125,6 +125,7 @@ def test_the_pipeline_file_reads_on_and_off_and_sizes() -> None:
 
     options = KernelSettings.model_validate({"decode_graphs": True, "decode_graph_sizes": [8, 1, 8]}).options()
     assert options.decode_graphs == "on" and options.decode_graph_sizes == (1, 8)
+    assert options.describe() == "decode_graphs on, decode_graph_sizes [1, 8]"  # what sluice validate shows
     assert KernelSettings.model_validate({"decode_graphs": False}).options().decode_graphs == "off"
 
 
