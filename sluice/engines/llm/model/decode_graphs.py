@@ -39,9 +39,15 @@ from sluice.engines.llm.model.causal_lm import CausalLM, KVCache
 from sluice.engines.start_log import StartLog
 
 log = logging.getLogger(__name__)
-# round every intermediate to its dtype as the eager ops do (inductor keeps fused bf16 intermediates in fp32)
 _PADDING = torch.tensor([[0], [0], [-1], [0]])  # a padded row's token, position, KV slot and LongRoPE flag
-_OPTIONS: dict[str, str | int | bool | Callable[..., Any]] = {"emulate_precision_casts": True}
+
+
+def _options() -> dict[str, str | int | bool | Callable[..., Any]]:
+    """Inductor's options: every intermediate rounded to its dtype as the eager ops round it (inductor keeps
+    fused bf16 intermediates in fp32), where this torch has the option."""
+    import torch._inductor.config as inductor
+
+    return {"emulate_precision_casts": True} if hasattr(inductor, "emulate_precision_casts") else {}
 
 
 def _own_forward(model: CausalLM) -> Callable[..., torch.Tensor]:
@@ -97,9 +103,10 @@ class DecodeGraphs:
         self._kernel_path, self._fixed_tiles, self._max_model_len = kernel_path, fixed_tiles, max_model_len
         self._buckets: dict[int, _Bucket] = {}
         dynamo = torch._dynamo.config
-        dynamo.recompile_limit = max(dynamo.recompile_limit, len(self.sizes) + 1)  # one compile per bucket
+        limit = "recompile_limit" if hasattr(dynamo, "recompile_limit") else "cache_size_limit"  # torch < 2.7
+        setattr(dynamo, limit, max(getattr(dynamo, limit), len(self.sizes) + 1))  # one compile per bucket
         self._compiled: Callable[..., torch.Tensor] = torch.compile(_own_forward(model), fullgraph=True,
-                                                                    dynamic=False, options=_OPTIONS)  # fmt: skip
+                                                                    dynamic=False, options=_options())  # fmt: skip
         self.num_steps = 0  # steps run through a graph
 
     @property
