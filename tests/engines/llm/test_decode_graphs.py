@@ -52,6 +52,19 @@ def test_the_graphed_decode_step_gives_hf_and_eager_tokens(
     assert len(ready) == 1 and "buckets 1, 2, 4 compiled" in ready[0], ready
 
 
+def test_requests_finishing_at_different_steps_shrink_the_batch_through_every_bucket(
+    tiny_family_dir: Callable[..., Path], hf_greedy: Callable[..., list[list[int]]],
+) -> None:  # fmt: skip
+    """Answers of different lengths: steps of 4, 3, 2 and 1 requests (3 padded into the 4 bucket), the freed
+    slots refilled; each answer is HF's greedy continuation cut at its own length."""
+    llm = _engine(tiny_family_dir("llama"), GRAPHS)
+    prompts = family_prompts(llm.model_config.vocab_size)
+    lengths = [FAMILY_NEW_TOKENS - 4 * i for i in range(len(prompts))]  # 28, 24, ..., 4
+    outputs = llm.generate(prompts, [SamplingParams(max_tokens=n, ignore_eos=True) for n in lengths])
+    assert [o.token_ids for o in outputs] == [want[:n] for want, n in zip(hf_greedy("llama"), lengths, strict=True)]
+    assert llm.stats.num_graph_steps >= llm.stats.num_steps - len(prompts) > 0
+
+
 def test_a_graph_break_stops_the_start_with_what_to_do(tiny_family_dir: Callable[..., Path],
                                                       monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     """The compile is whole or not at all: a layer that breaks the graph fails the start, naming the way out."""
