@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 
+from sluice.engines.engine_contract import first_line
 from sluice.engines.llm.model.attention import AttentionMetadata
 from sluice.engines.llm.model.causal_lm import CausalLM, KVCache
 from sluice.engines.start_log import StartLog
@@ -94,9 +95,8 @@ class DecodeGraphs:
         if too_big:
             raise ValueError(f"kernels.decode_graph_sizes {too_big} exceed max_num_seqs {max_num_seqs}, the most "
                              "requests a step decodes")  # fmt: skip
-        self.model, self.kv_caches = model, kv_caches
+        self.kv_caches = kv_caches
         self.device = kv_caches[0][0].device
-        self.block_size = block_size
         self.width = -(-max_model_len // block_size)  # block-table columns: the longest request's blocks
         self.sizes = tuple(sorted(sizes)) or decode_buckets(max_num_seqs)
         self.long_rope = any(rope.scaling == "longrope" for rope in model.ropes)
@@ -125,8 +125,7 @@ class DecodeGraphs:
             try:
                 bucket = self._capture(size, pool)
             except torch._dynamo.exc.TorchDynamoException as exc:
-                first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-                raise RuntimeError(f"the decode step of {size} requests did not compile whole ({first}); "
+                raise RuntimeError(f"the decode step of {size} requests did not compile whole ({first_line(exc)}); "
                                    "kernels.decode_graphs: off runs decode steps eager") from exc
             self._buckets[size] = bucket
             times.append(f"{size}: {time.perf_counter() - began:.1f} s")
@@ -213,8 +212,7 @@ def capture_at_start(graphs: DecodeGraphs, start: StartLog, required: bool) -> b
             raise
         if graphs.device.type == "cuda":
             torch.cuda.empty_cache()
-        text = str(exc).strip()
         log.warning("decode graphs off, decode steps run eager: %s (kernels.decode_graphs: off skips the attempt)",
-                    text.splitlines()[0] if text else type(exc).__name__)
+                    first_line(exc))
         return False
     return True
